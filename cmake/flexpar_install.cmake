@@ -1,0 +1,2 @@
+# Installation rules and the CMake package (flexparConfig.cmake).
+include(GNUInstallDirs)

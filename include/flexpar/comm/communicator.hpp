@@ -1,0 +1,132 @@
+// flexpar/comm/communicator.hpp — a group of ranks, its node topology and its transport.
+//
+// A communicator is an object the user owns and passes to collectives (no global state). Build one
+// from an existing MPI communicator (flexpar never calls MPI_Init itself), or from an in-process
+// world (threads as ranks, for tests).
+//
+//   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+//   flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
+//   ... flexpar::allreduce(comm, data, flexpar::reduce_op::sum);
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <optional>
+#include <utility>
+#include <span>
+#include <vector>
+
+#include <flexpar/core/config.hpp>
+#include <flexpar/transport/transport.hpp>
+
+namespace flexpar {
+
+namespace detail {
+/// Sole owner of an MPI communicator: frees it on destruction (unless MPI is already finalized).
+class owned_mpi_comm {
+ public:
+  owned_mpi_comm() = default;
+  explicit owned_mpi_comm(MPI_Comm comm) noexcept : comm_(comm) {}
+  owned_mpi_comm(owned_mpi_comm&& other) noexcept : comm_(std::exchange(other.comm_, MPI_COMM_NULL)) {}
+  owned_mpi_comm& operator=(owned_mpi_comm&& other) noexcept {
+    if (this != &other) {
+      reset();
+      comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
+    }
+    return *this;
+  }
+  ~owned_mpi_comm() { reset(); }
+  [[nodiscard]] MPI_Comm get() const noexcept { return comm_; }
+  void reset() noexcept;
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+/// MPI_Comm_dup of `comm` with MPI_ERRORS_RETURN set, so that failures reach FLEXPAR_CHECK_MPI.
+owned_mpi_comm duplicate_for_flexpar(MPI_Comm comm);
+}  // namespace detail
+
+/// Which ranks share a node (shared memory). Ranks of one node need not be consecutive.
+class node_topology {
+ public:
+  node_topology() = default;
+  /// `node_of_rank[r]` = node index of rank r; node indices are 0.. in order of first appearance.
+  node_topology(std::vector<int> node_of_rank, int my_rank);
+
+  /// Every run of `ranks_per_node` consecutive ranks is one node.
+  static node_topology blocks(int size, int ranks_per_node, int my_rank);
+
+  [[nodiscard]] int node_count() const noexcept { return static_cast<int>(ranks_of_node_.size()); }
+  [[nodiscard]] int node_of(int rank) const { return node_of_rank_.at(static_cast<std::size_t>(rank)); }
+  [[nodiscard]] int my_node() const noexcept { return my_node_; }
+  /// Ranks of node `node`, ascending.
+  [[nodiscard]] std::span<const int> ranks_of_node(int node) const { return ranks_of_node_.at(static_cast<std::size_t>(node)); }
+  /// Position of my rank among the ranks of my node.
+  [[nodiscard]] int local_rank() const noexcept { return local_rank_; }
+  [[nodiscard]] int local_size() const noexcept { return static_cast<int>(ranks_of_node_[static_cast<std::size_t>(my_node_)].size()); }
+  /// True when every node has the same number of ranks (what hierarchical algorithms require).
+  [[nodiscard]] bool uniform() const noexcept;
+
+ private:
+  std::vector<int> node_of_rank_;
+  std::vector<std::vector<int>> ranks_of_node_;
+  int my_node_ = 0;
+  int local_rank_ = 0;
+};
+
+/// What a communicator needs from MPI's thread support.
+enum class thread_need : int {
+  single = MPI_THREAD_SINGLE,        ///< flexpar calls MPI from the thread that calls flexpar
+  funneled = MPI_THREAD_FUNNELED,
+  serialized = MPI_THREAD_SERIALIZED,  ///< a flexpar background thread calls MPI, never concurrently with you
+  multiple = MPI_THREAD_MULTIPLE,
+};
+
+class communicator {
+ public:
+  /// Collective over `comm`. Duplicates `comm` (messages never mix with yours), builds the transport
+  /// `cfg.transport` over it and detects which ranks share a node (MPI_Comm_split_type SHARED, or
+  /// `cfg.ranks_per_node`).
+  /// @throws usage_error if MPI is not initialized, or its thread level is below `need` (the text
+  ///         says which level to ask MPI_Init_thread for).
+  static communicator from_mpi(MPI_Comm comm, const config& cfg = config::from_environment(),
+                               thread_need need = thread_need::single);
+
+  /// A communicator over an existing transport (e.g. inproc_world::make_transport) with a known
+  /// topology; not collective, nothing is exchanged. `mpi` (optional) is an MPI communicator over
+  /// the same ranks that this object takes ownership of.
+  communicator(std::unique_ptr<flexpar::transport> t, node_topology topology, config cfg,
+               detail::owned_mpi_comm mpi = {});
+
+  [[nodiscard]] int rank() const noexcept { return transport_->rank(); }
+  [[nodiscard]] int size() const noexcept { return transport_->size(); }
+  [[nodiscard]] flexpar::transport& transport() const noexcept { return *transport_; }
+  [[nodiscard]] const node_topology& topology() const noexcept { return topology_; }
+  [[nodiscard]] const config& settings() const noexcept { return config_; }
+  /// The deadline of a blocking operation started now (settings().timeout from now).
+  [[nodiscard]] deadline default_deadline() const { return deadline_after(config_.timeout); }
+
+  /// The MPI communicator under this one (a duplicate owned by flexpar), or MPI_COMM_NULL for
+  /// transports that have none (in-process).
+  [[nodiscard]] MPI_Comm mpi_comm() const noexcept { return mpi_.get(); }
+
+  /// Collective: the ranks that pass the same `color` form a new communicator, ordered by (key,
+  /// rank); ranks that pass a negative color get std::nullopt. The new communicator's node topology
+  /// is the parent's, restricted to its members.
+  [[nodiscard]] std::optional<communicator> split(int color, int key) const;
+
+  /// Collective: the ranks of my node (the intra-node group of hierarchical algorithms).
+  [[nodiscard]] communicator split_node() const;
+  /// Collective: the ranks with my local rank, one per node (the inter-node group).
+  [[nodiscard]] communicator split_across_nodes() const;
+
+ private:
+  std::unique_ptr<flexpar::transport> transport_;
+  node_topology topology_;
+  config config_;
+  detail::owned_mpi_comm mpi_;
+};
+
+}  // namespace flexpar

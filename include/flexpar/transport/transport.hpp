@@ -1,0 +1,203 @@
+// flexpar/transport/transport.hpp — point-to-point bytes between the ranks of a group.
+//
+// The one type-erased boundary of flexpar (STYLE §5): algorithms above it are templates, the
+// transports below it (MPI, UCX, in-process; NCCL later) are compiled in lib/ behind this interface.
+//
+// Contract of every transport:
+//  - isend/irecv are non-blocking and return a `request`; the span must stay valid and untouched
+//    until the request completes (or is destroyed, which cancels it where the library allows).
+//  - Matching is by (peer, tag). Two messages from the same sender with the same tag are received
+//    in the order they were sent. There is no wildcard source or tag.
+//  - A receive buffer may be larger than the message (request::bytes() tells the size received);
+//    a message larger than the buffer is an error (transport_error), never a silent truncation.
+//  - Zero-length messages are messages: they match and complete like any other.
+//  - Every blocking wait has a deadline: past it, timeout_error names the rank, op, peer, tag and size.
+//  - Tags run from 0 to max_tag() - 1; max_tag() itself is reserved for flexpar's own bootstrap.
+//  - A transport is used by one thread at a time unless the transport says otherwise.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <flexpar/core/config.hpp>
+#include <flexpar/core/error.hpp>
+
+namespace flexpar {
+
+using clock = std::chrono::steady_clock;
+/// The moment a blocking wait gives up with timeout_error.
+using deadline = clock::time_point;
+
+/// A deadline `d` from now.
+inline deadline deadline_after(clock::duration d) { return clock::now() + d; }
+
+/// Message tags. Transports narrow the range (MPI_TAG_UB); see transport::max_tag().
+using tag_t = std::uint64_t;
+
+enum class message_direction : unsigned char { send, recv };
+
+namespace detail {
+
+/// What a request is about, kept for its error messages.
+struct request_info {
+  std::string_view transport_name;  // "mpi", "ucx", "inproc" (static strings)
+  message_direction direction = message_direction::send;
+  int rank = -1;  // our rank in the transport's group
+  int peer = -1;
+  tag_t tag = 0;
+  std::size_t size = 0;  // bytes offered (send) or room for (recv)
+};
+
+/// "[rank 1] ucx: recv of 4096 bytes from rank 0 (tag 7)"
+std::string describe(const request_info& info);
+
+/// One outstanding operation of a transport; each transport derives its own.
+class request_state {
+ public:
+  explicit request_state(const request_info& info) : info_(info) {}
+  request_state(const request_state&) = delete;
+  request_state& operator=(const request_state&) = delete;
+  virtual ~request_state() = default;
+
+  /// Makes progress; true once complete. Throws transport_error if the operation failed.
+  virtual bool test() = 0;
+  /// Blocks until complete or `until`; false at the deadline. The default polls test() with
+  /// a back-off; transports that can sleep on an event override it.
+  virtual bool wait_until(deadline until);
+  /// Called when a request is destroyed before completing: cancel what can be cancelled.
+  virtual void abandon() noexcept = 0;
+  /// Bytes received (recv) or sent (send) once complete.
+  [[nodiscard]] virtual std::size_t bytes() const noexcept { return info_.size; }
+
+  [[nodiscard]] const request_info& info() const noexcept { return info_; }
+
+ protected:
+  request_info info_;
+};
+
+}  // namespace detail
+
+/// Handle of a non-blocking send or receive. Move-only. Destroying an incomplete request cancels it
+/// where the library allows (receives); an abandoned send may still complete later, so its buffer
+/// must outlive the transport in that case — complete your requests.
+class request {
+ public:
+  request() = default;  // an empty request is complete
+  explicit request(std::unique_ptr<detail::request_state> state) : state_(std::move(state)) {}
+  request(request&&) noexcept = default;
+  request& operator=(request&& other) noexcept {
+    if (this != &other) {
+      abandon();
+      state_ = std::move(other.state_);
+      bytes_ = other.bytes_;
+    }
+    return *this;
+  }
+  ~request() { abandon(); }
+
+  /// True once the operation completed (and releases its resources). Never blocks.
+  /// @throws transport_error if the operation failed.
+  bool test() {
+    if (!state_) return true;
+    if (!state_->test()) return false;
+    finish();
+    return true;
+  }
+
+  /// Blocks until the operation completes.
+  /// @throws timeout_error at `until`, naming the rank, the op, the peer, the tag and the size.
+  void wait(deadline until);
+
+  /// Bytes the completed operation moved (for a receive: the size of the message received).
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] bool pending() const noexcept { return state_ != nullptr; }
+
+ private:
+  void finish() {
+    bytes_ = state_->bytes();
+    state_.reset();
+  }
+  void abandon() noexcept {
+    if (state_) state_->abandon();
+    state_.reset();
+  }
+
+  std::unique_ptr<detail::request_state> state_;
+  std::size_t bytes_ = 0;
+};
+
+/// Waits for every request in `requests` (all share one deadline).
+/// @throws timeout_error for the first request still pending at `until`.
+void wait_all(std::span<request> requests, deadline until);
+
+class transport;
+namespace detail {
+void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::span<std::byte> all, deadline until);
+}
+
+/// The point-to-point interface. Implementations: make_mpi_transport, make_ucx_transport,
+/// inproc_world::make_transport.
+class transport {
+ public:
+  transport() = default;
+  transport(const transport&) = delete;
+  transport& operator=(const transport&) = delete;
+  virtual ~transport() = default;
+
+  [[nodiscard]] virtual int rank() const noexcept = 0;
+  [[nodiscard]] virtual int size() const noexcept = 0;
+  [[nodiscard]] virtual transport_kind kind() const noexcept = 0;
+  /// One past the largest tag available to callers; max_tag() itself is reserved for flexpar.
+  [[nodiscard]] virtual tag_t max_tag() const noexcept = 0;
+
+  /// Starts sending `data` to `peer` under `tag`.
+  /// @pre 0 <= tag < max_tag(); 0 <= peer < size() (checked: usage_error, or the library's own error).
+  [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
+    check_tag("isend", tag);
+    return do_isend(peer, tag, data);
+  }
+  /// Starts receiving a message from `peer` with `tag` into `data` (which may be larger than it).
+  [[nodiscard]] request irecv(int peer, tag_t tag, std::span<std::byte> data) {
+    check_tag("irecv", tag);
+    return do_irecv(peer, tag, data);
+  }
+
+  /// Collective over this transport's ranks: a new transport over the ranks that passed the same
+  /// `color`, ordered by (key, rank); nullptr for ranks that passed a negative color.
+  /// Messages on the new transport never match messages on this one.
+  [[nodiscard]] virtual std::unique_ptr<transport> split(int color, int key) = 0;
+
+  /// Blocking conveniences over isend/irecv.
+  void send(int peer, tag_t tag, std::span<const std::byte> data, deadline until) { isend(peer, tag, data).wait(until); }
+  std::size_t recv(int peer, tag_t tag, std::span<std::byte> data, deadline until) {
+    request r = irecv(peer, tag, data);
+    r.wait(until);
+    return r.bytes();
+  }
+
+ protected:
+  /// The transport's own send/receive; tags are already checked (max_tag() arrives only from
+  /// flexpar's bootstrap). Peers are checked here, or left to the library where it checks them.
+  virtual request do_isend(int peer, tag_t tag, std::span<const std::byte> data) = 0;
+  virtual request do_irecv(int peer, tag_t tag, std::span<std::byte> data) = 0;
+
+  /// Throws usage_error unless 0 <= peer < size().
+  void check_peer(std::string_view op, int peer) const;
+
+ private:
+  void check_tag(std::string_view op, tag_t tag) const;
+  friend void detail::bootstrap_allgather(transport&, std::span<const std::byte>, std::span<std::byte>, deadline);
+};
+
+namespace detail {
+/// Every rank sends `mine` (same size on all ranks) to every other; `all` receives size() blocks in
+/// rank order. Uses the reserved tag; for bootstrapping (split, topology) before collectives exist.
+void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::span<std::byte> all, deadline until);
+}  // namespace detail
+
+}  // namespace flexpar

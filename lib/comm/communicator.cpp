@@ -1,0 +1,159 @@
+#include <flexpar/comm/communicator.hpp>
+#include <flexpar/core/check_mpi.hpp>
+#include <flexpar/transport/mpi.hpp>
+#include <flexpar/transport/ucx.hpp>
+
+#include <algorithm>
+#include <string>
+
+namespace flexpar {
+namespace detail {
+
+void owned_mpi_comm::reset() noexcept {
+  if (comm_ == MPI_COMM_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm_);
+  comm_ = MPI_COMM_NULL;
+}
+
+owned_mpi_comm duplicate_for_flexpar(MPI_Comm comm) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  FLEXPAR_CHECK_MPI(MPI_Comm_dup(comm, &dup));
+  owned_mpi_comm owned(dup);
+  FLEXPAR_CHECK_MPI(MPI_Comm_set_errhandler(owned.get(), MPI_ERRORS_RETURN));
+  return owned;
+}
+
+}  // namespace detail
+
+// ---- node_topology ------------------------------------------------------------------------------
+
+node_topology::node_topology(std::vector<int> node_of_rank, int my_rank) : node_of_rank_(std::move(node_of_rank)) {
+  if (my_rank < 0 || static_cast<std::size_t>(my_rank) >= node_of_rank_.size())
+    throw usage_error("node_topology: rank " + std::to_string(my_rank) + " outside " +
+                      std::to_string(node_of_rank_.size()) + " ranks");
+  // Renumber nodes 0.. in order of first appearance so that equal inputs give equal topologies.
+  std::vector<int> renumber;
+  for (int& node : node_of_rank_) {
+    auto it = std::find(renumber.begin(), renumber.end(), node);
+    if (it == renumber.end()) {
+      renumber.push_back(node);
+      it = renumber.end() - 1;
+    }
+    node = static_cast<int>(it - renumber.begin());
+  }
+  ranks_of_node_.resize(renumber.size());
+  for (std::size_t r = 0; r < node_of_rank_.size(); ++r)
+    ranks_of_node_[static_cast<std::size_t>(node_of_rank_[r])].push_back(static_cast<int>(r));
+  my_node_ = node_of_rank_[static_cast<std::size_t>(my_rank)];
+  const auto& mine = ranks_of_node_[static_cast<std::size_t>(my_node_)];
+  local_rank_ = static_cast<int>(std::find(mine.begin(), mine.end(), my_rank) - mine.begin());
+}
+
+node_topology node_topology::blocks(int size, int ranks_per_node, int my_rank) {
+  if (ranks_per_node < 1) throw usage_error("node_topology::blocks: ranks_per_node must be >= 1");
+  std::vector<int> nodes(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) nodes[static_cast<std::size_t>(r)] = r / ranks_per_node;
+  return node_topology(std::move(nodes), my_rank);
+}
+
+bool node_topology::uniform() const noexcept {
+  return std::all_of(ranks_of_node_.begin(), ranks_of_node_.end(),
+                     [&](const auto& ranks) { return ranks.size() == ranks_of_node_.front().size(); });
+}
+
+// ---- communicator -------------------------------------------------------------------------------
+
+namespace {
+
+std::string_view name_of(thread_need need) {
+  switch (need) {
+    case thread_need::single: return "MPI_THREAD_SINGLE";
+    case thread_need::funneled: return "MPI_THREAD_FUNNELED";
+    case thread_need::serialized: return "MPI_THREAD_SERIALIZED";
+    case thread_need::multiple: return "MPI_THREAD_MULTIPLE";
+  }
+  return "?";
+}
+
+/// Node of every rank of `comm`: the lowest rank of its shared-memory group (MPI_Comm_split_type).
+std::vector<int> detect_nodes(MPI_Comm comm) {
+  int rank = 0, size = 0;
+  FLEXPAR_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  FLEXPAR_CHECK_MPI(MPI_Comm_size(comm, &size));
+  MPI_Comm shared = MPI_COMM_NULL;
+  FLEXPAR_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &shared));
+  detail::owned_mpi_comm owned(shared);
+  int leader = rank;
+  FLEXPAR_CHECK_MPI(MPI_Allreduce(&rank, &leader, 1, MPI_INT, MPI_MIN, owned.get()));
+  std::vector<int> nodes(static_cast<std::size_t>(size));
+  FLEXPAR_CHECK_MPI(MPI_Allgather(&leader, 1, MPI_INT, nodes.data(), 1, MPI_INT, comm));
+  return nodes;
+}
+
+}  // namespace
+
+communicator communicator::from_mpi(MPI_Comm comm, const config& cfg, thread_need need) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized)
+    throw usage_error("communicator::from_mpi: MPI is not initialized (call MPI_Init_thread first; flexpar "
+                      "never initializes MPI itself)");
+  int provided = MPI_THREAD_SINGLE;
+  FLEXPAR_CHECK_MPI(MPI_Query_thread(&provided));
+  if (provided < static_cast<int>(need))
+    throw usage_error("communicator::from_mpi: flexpar needs " + std::string(name_of(need)) +
+                      " but MPI provides " + std::string(name_of(static_cast<thread_need>(provided))) +
+                      "; initialize MPI with MPI_Init_thread(&argc, &argv, " + std::string(name_of(need)) +
+                      ", &provided)");
+  if (cfg.transport == transport_kind::inproc)
+    throw usage_error("communicator::from_mpi: the in-process transport has no MPI communicator; use "
+                      "run_in_process or inproc_world");
+
+  detail::owned_mpi_comm own = detail::duplicate_for_flexpar(comm);
+  int rank = 0, size = 0;
+  FLEXPAR_CHECK_MPI(MPI_Comm_rank(own.get(), &rank));
+  FLEXPAR_CHECK_MPI(MPI_Comm_size(own.get(), &size));
+  node_topology topology = cfg.ranks_per_node > 0 ? node_topology::blocks(size, cfg.ranks_per_node, rank)
+                                                  : node_topology(detect_nodes(own.get()), rank);
+  std::unique_ptr<flexpar::transport> t =
+      cfg.transport == transport_kind::ucx ? make_ucx_transport(own.get(), cfg) : make_mpi_transport(own.get(), cfg);
+  return communicator(std::move(t), std::move(topology), cfg, std::move(own));
+}
+
+communicator::communicator(std::unique_ptr<flexpar::transport> t, node_topology topology, config cfg,
+                           detail::owned_mpi_comm mpi)
+    : transport_(std::move(t)), topology_(std::move(topology)), config_(std::move(cfg)), mpi_(std::move(mpi)) {
+  if (!transport_) throw usage_error("communicator: the transport is null");
+}
+
+std::optional<communicator> communicator::split(int color, int key) const {
+  // The MPI communicator (if any) and the transport split alike, so both keep the same ranks.
+  detail::owned_mpi_comm sub_mpi;
+  if (mpi_.get() != MPI_COMM_NULL) {
+    MPI_Comm sub = MPI_COMM_NULL;
+    FLEXPAR_CHECK_MPI(MPI_Comm_split(mpi_.get(), color < 0 ? MPI_UNDEFINED : color, key, &sub));
+    sub_mpi = detail::owned_mpi_comm(sub);
+    if (sub != MPI_COMM_NULL) FLEXPAR_CHECK_MPI(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
+  }
+  std::unique_ptr<flexpar::transport> sub = transport_->split(color, key);
+  if (!sub) return std::nullopt;
+  // The members' parent ranks, in their new order, give the restricted topology.
+  const int my_parent = rank();
+  std::vector<int> parents(static_cast<std::size_t>(sub->size()));
+  detail::bootstrap_allgather(*sub, std::as_bytes(std::span(&my_parent, 1)), std::as_writable_bytes(std::span(parents)),
+                              default_deadline());
+  std::vector<int> nodes;
+  nodes.reserve(parents.size());
+  for (int parent : parents) nodes.push_back(topology_.node_of(parent));
+  node_topology topology(std::move(nodes), sub->rank());
+  return communicator(std::move(sub), std::move(topology), config_, std::move(sub_mpi));
+}
+
+communicator communicator::split_node() const { return std::move(*split(topology_.my_node(), rank())); }
+
+communicator communicator::split_across_nodes() const { return std::move(*split(topology_.local_rank(), rank())); }
+
+}  // namespace flexpar

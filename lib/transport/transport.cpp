@@ -1,0 +1,84 @@
+#include <flexpar/transport/transport.hpp>
+
+#include <sched.h>
+
+#include <cstring>
+#include <vector>
+
+namespace flexpar {
+namespace detail {
+
+std::string describe(const request_info& info) {
+  std::string text = "[rank " + std::to_string(info.rank) + "] " + std::string(info.transport_name) + ": ";
+  text += info.direction == message_direction::send ? "send of " : "recv of up to ";
+  text += std::to_string(info.size) + " bytes ";
+  text += info.direction == message_direction::send ? "to" : "from";
+  text += " rank " + std::to_string(info.peer) + " (tag " + std::to_string(info.tag) + ")";
+  return text;
+}
+
+bool request_state::wait_until(deadline until) {
+  // Poll with a back-off: spin briefly (latency), then yield the core (more ranks than cores).
+  for (unsigned spins = 0;; ++spins) {
+    if (test()) return true;
+    if ((spins & 63u) == 63u && clock::now() >= until) return test();
+    if (spins > 4096) sched_yield();
+  }
+}
+
+}  // namespace detail
+
+void request::wait(deadline until) {
+  if (!state_) return;
+  const auto started = clock::now();
+  if (!state_->wait_until(until)) {
+    const auto waited = std::chrono::duration<double>(clock::now() - started).count();
+    throw timeout_error(detail::describe(state_->info()) + " did not complete before its deadline (waited " +
+                        std::to_string(waited) + " s)");
+  }
+  finish();
+}
+
+void wait_all(std::span<request> requests, deadline until) {
+  for (request& r : requests) r.wait(until);
+}
+
+void transport::check_peer(std::string_view op, int peer) const {
+  if (peer < 0 || peer >= size())
+    throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " +
+                      std::string(op) + " names peer rank " + std::to_string(peer) +
+                      ", outside the group of " + std::to_string(size()) + " ranks");
+}
+
+void transport::check_tag(std::string_view op, tag_t tag) const {
+  if (tag >= max_tag())
+    throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " +
+                      std::string(op) + " uses tag " + std::to_string(tag) + ", but this transport's tags end at " +
+                      std::to_string(max_tag()) + " (exclusive; max_tag() is reserved for flexpar)");
+}
+
+namespace detail {
+
+void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::span<std::byte> all, deadline until) {
+  const int p = t.size(), me = t.rank();
+  const std::size_t n = mine.size();
+  if (all.size() != n * static_cast<std::size_t>(p))
+    throw usage_error("bootstrap_allgather: output holds " + std::to_string(all.size()) + " bytes, needs " +
+                      std::to_string(n * static_cast<std::size_t>(p)));
+  std::memcpy(all.data() + n * static_cast<std::size_t>(me), mine.data(), n);
+  std::vector<request> requests;
+  requests.reserve(2 * static_cast<std::size_t>(p));
+  const tag_t tag = t.max_tag();
+  for (int peer = 0; peer < p; ++peer) {
+    if (peer == me) continue;
+    requests.push_back(t.do_irecv(peer, tag, all.subspan(n * static_cast<std::size_t>(peer), n)));
+  }
+  for (int peer = 0; peer < p; ++peer) {
+    if (peer == me) continue;
+    requests.push_back(t.do_isend(peer, tag, mine));
+  }
+  wait_all(requests, until);
+}
+
+}  // namespace detail
+}  // namespace flexpar

@@ -1,0 +1,12 @@
+// Built instead of ucx_transport.cpp when FLEXPAR_WITH_UCX=OFF.
+#include <flexpar/transport/ucx.hpp>
+
+namespace flexpar {
+
+bool ucx_available() noexcept { return false; }
+
+std::unique_ptr<transport> make_ucx_transport(MPI_Comm, const config&) {
+  throw usage_error("the UCX transport was requested, but this flexpar was built with FLEXPAR_WITH_UCX=OFF");
+}
+
+}  // namespace flexpar
