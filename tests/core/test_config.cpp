@@ -1,1 +1,69 @@
 #include <gtest/gtest.h>
+
+#include <map>
+
+#include <flexpar/core/config.hpp>
+#include <flexpar/core/error.hpp>
+
+namespace flexpar {
+namespace {
+
+config from(std::map<std::string, std::string> vars) {
+  return config::from_environment([&](std::string_view name) -> std::optional<std::string> {
+    auto it = vars.find(std::string(name));
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+TEST(config, defaults_when_nothing_is_set) {
+  const config c = from({});
+  const config d;
+  EXPECT_EQ(c.timeout, d.timeout);
+  EXPECT_EQ(c.timeout, std::chrono::seconds(300));
+  EXPECT_EQ(c.transport, transport_kind::mpi);
+  EXPECT_EQ(c.ranks_per_node, 0);
+  EXPECT_EQ(c.ucx_spin, std::chrono::microseconds(50));
+}
+
+TEST(config, reads_every_variable) {
+  const config c = from({{"FLEXPAR_TIMEOUT", "2.5"},
+                         {"FLEXPAR_TRANSPORT", "ucx"},
+                         {"FLEXPAR_RANKS_PER_NODE", "4"},
+                         {"FLEXPAR_UCX_SPIN_US", "0"}});
+  EXPECT_EQ(c.timeout, std::chrono::milliseconds(2500));
+  EXPECT_EQ(c.transport, transport_kind::ucx);
+  EXPECT_EQ(c.ranks_per_node, 4);
+  EXPECT_EQ(c.ucx_spin, std::chrono::microseconds(0));
+}
+
+TEST(config, a_bad_value_names_the_variable_the_value_and_what_was_expected) {
+  auto message_of = [](std::map<std::string, std::string> vars) -> std::string {
+    try {
+      (void)from(std::move(vars));
+    } catch (const usage_error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_EQ(message_of({{"FLEXPAR_TRANSPORT", "tcp"}}),
+            "FLEXPAR_TRANSPORT=\"tcp\" is not valid: expected \"mpi\" or \"ucx\"");
+  EXPECT_EQ(message_of({{"FLEXPAR_TIMEOUT", "soon"}}),
+            "FLEXPAR_TIMEOUT=\"soon\" is not valid: expected a number of seconds >= 0.001");
+  EXPECT_EQ(message_of({{"FLEXPAR_TIMEOUT", "0"}}),
+            "FLEXPAR_TIMEOUT=\"0\" is not valid: expected a number of seconds >= 0.001");
+  EXPECT_EQ(message_of({{"FLEXPAR_RANKS_PER_NODE", "1.5"}}),
+            "FLEXPAR_RANKS_PER_NODE=\"1.5\" is not valid: expected a whole number >= 0");
+  EXPECT_EQ(message_of({{"FLEXPAR_UCX_SPIN_US", "-1"}}),
+            "FLEXPAR_UCX_SPIN_US=\"-1\" is not valid: expected a number of microseconds >= 0");
+}
+
+TEST(config, settable_in_code) {
+  config c;
+  c.timeout = std::chrono::milliseconds(10);
+  c.transport = transport_kind::inproc;
+  EXPECT_EQ(name_of(c.transport), "inproc");
+}
+
+}  // namespace
+}  // namespace flexpar
