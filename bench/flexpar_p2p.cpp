@@ -41,9 +41,12 @@ std::size_t parse_size(const std::string& text) {
   double scale = 1;
   if (pos < text.size()) {
     switch (text[pos]) {
-      case 'K': case 'k': scale = 1024.0; break;
-      case 'M': case 'm': scale = 1024.0 * 1024; break;
-      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
+      case 'K':
+      case 'k': scale = 1024.0; break;
+      case 'M':
+      case 'm': scale = 1024.0 * 1024; break;
+      case 'G':
+      case 'g': scale = 1024.0 * 1024 * 1024; break;
       default: throw CLI::ValidationError("size", "unknown suffix in " + text);
     }
   }
@@ -131,7 +134,8 @@ int main(int argc, char** argv) {
     std::unique_ptr<flexpar::transport> mpi_t = flexpar::make_mpi_transport(MPI_COMM_WORLD, cfg);
     std::unique_ptr<flexpar::transport> ucx_t;
 #if FLEXPAR_HAVE_UCX
-    std::unique_ptr<flexpar::bench::raw_ucx_pair> raw_ucx = std::make_unique<flexpar::bench::raw_ucx_pair>(MPI_COMM_WORLD);
+    std::unique_ptr<flexpar::bench::raw_ucx_pair> raw_ucx =
+        std::make_unique<flexpar::bench::raw_ucx_pair>(MPI_COMM_WORLD);
     ucx_t = flexpar::make_ucx_transport(MPI_COMM_WORLD, cfg);
 #endif
 
@@ -182,7 +186,8 @@ int main(int argc, char** argv) {
     }
     for (std::size_t bytes = parse_size(begin); bytes <= parse_size(end); bytes *= static_cast<std::size_t>(factor)) {
       const int iters = iterations > 0 ? iterations
-                                       : static_cast<int>(std::clamp<std::size_t>((std::size_t{256} << 20) / std::max<std::size_t>(bytes, 1), 10, 1000));
+                                       : static_cast<int>(std::clamp<std::size_t>(
+                                             (std::size_t{256} << 20) / std::max<std::size_t>(bytes, 1), 10, 1000));
       double raw_mpi = 0, raw_ucx_bw = 0;
       for (auto& [name, trip] : trips) {
         FLEXPAR_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));

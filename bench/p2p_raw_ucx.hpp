@@ -45,8 +45,8 @@ class raw_ucx_pair {
       total += lengths[static_cast<std::size_t>(r)];
     }
     std::vector<std::byte> all(static_cast<std::size_t>(total));
-    FLEXPAR_CHECK_MPI(MPI_Allgatherv(address, my_length, MPI_BYTE, all.data(), lengths.data(), offsets.data(),
-                                     MPI_BYTE, comm));
+    FLEXPAR_CHECK_MPI(
+        MPI_Allgatherv(address, my_length, MPI_BYTE, all.data(), lengths.data(), offsets.data(), MPI_BYTE, comm));
     ucp_worker_release_address(worker_, address);
     for (int r = 0; r < size; ++r) {
       ucp_ep_params_t ep{};

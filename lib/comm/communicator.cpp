@@ -99,18 +99,20 @@ communicator communicator::from_mpi(MPI_Comm comm, const config& cfg, thread_nee
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
   if (!initialized || finalized)
-    throw usage_error("communicator::from_mpi: MPI is not initialized (call MPI_Init_thread first; flexpar "
-                      "never initializes MPI itself)");
+    throw usage_error(
+        "communicator::from_mpi: MPI is not initialized (call MPI_Init_thread first; flexpar "
+        "never initializes MPI itself)");
   int provided = MPI_THREAD_SINGLE;
   FLEXPAR_CHECK_MPI(MPI_Query_thread(&provided));
   if (provided < static_cast<int>(need))
-    throw usage_error("communicator::from_mpi: flexpar needs " + std::string(name_of(need)) +
-                      " but MPI provides " + std::string(name_of(static_cast<thread_need>(provided))) +
+    throw usage_error("communicator::from_mpi: flexpar needs " + std::string(name_of(need)) + " but MPI provides " +
+                      std::string(name_of(static_cast<thread_need>(provided))) +
                       "; initialize MPI with MPI_Init_thread(&argc, &argv, " + std::string(name_of(need)) +
                       ", &provided)");
   if (cfg.transport == transport_kind::inproc)
-    throw usage_error("communicator::from_mpi: the in-process transport has no MPI communicator; use "
-                      "run_in_process or inproc_world");
+    throw usage_error(
+        "communicator::from_mpi: the in-process transport has no MPI communicator; use "
+        "run_in_process or inproc_world");
 
   detail::owned_mpi_comm own = detail::duplicate_for_flexpar(comm);
   int rank = 0, size = 0;

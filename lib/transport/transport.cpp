@@ -45,15 +45,15 @@ void wait_all(std::span<request> requests, deadline until) {
 
 void transport::check_peer(std::string_view op, int peer) const {
   if (peer < 0 || peer >= size())
-    throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " +
-                      std::string(op) + " names peer rank " + std::to_string(peer) +
-                      ", outside the group of " + std::to_string(size()) + " ranks");
+    throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " + std::string(op) +
+                      " names peer rank " + std::to_string(peer) + ", outside the group of " + std::to_string(size()) +
+                      " ranks");
 }
 
 void transport::check_tag(std::string_view op, tag_t tag) const {
   if (tag >= max_tag())
-    throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " +
-                      std::string(op) + " uses tag " + std::to_string(tag) + ", but this transport's tags end at " +
+    throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " + std::string(op) +
+                      " uses tag " + std::to_string(tag) + ", but this transport's tags end at " +
                       std::to_string(max_tag()) + " (exclusive; max_tag() is reserved for flexpar)");
 }
 

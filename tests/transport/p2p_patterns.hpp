@@ -16,7 +16,8 @@ namespace flexpar::testing_support {
 /// The byte at `index` of the message `from` sends `to` (distinct per pair, size and position).
 inline std::byte pattern_byte(int from, int to, std::size_t size, std::size_t index) {
   return static_cast<std::byte>((static_cast<std::size_t>(from) * 131u + static_cast<std::size_t>(to) * 31u +
-                                 size * 17u + index * 7u + (index >> 12)) & 0xffu);
+                                 size * 17u + index * 7u + (index >> 12)) &
+                                0xffu);
 }
 
 inline std::vector<std::byte> pattern_message(int from, int to, std::size_t size) {
@@ -26,7 +27,8 @@ inline std::vector<std::byte> pattern_message(int from, int to, std::size_t size
 }
 
 /// Compares byte for byte; on a difference reports the first differing index.
-inline void expect_message(const std::vector<std::byte>& got, std::size_t received, int from, int to, std::size_t size) {
+inline void expect_message(const std::vector<std::byte>& got, std::size_t received, int from, int to,
+                           std::size_t size) {
   ASSERT_EQ(received, size) << "message " << from << " -> " << to;
   const std::vector<std::byte> want = pattern_message(from, to, size);
   if (std::memcmp(got.data(), want.data(), size) != 0) {

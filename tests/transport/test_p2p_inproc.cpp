@@ -23,38 +23,48 @@ config short_timeouts() {
 class inproc_p2p : public ::testing::TestWithParam<int> {};
 
 TEST_P(inproc_p2p, ring_every_size) {
-  run_in_process(GetParam(), [](communicator& comm) {
-    tag_t tag = 0;
-    for (std::size_t size : p2p_message_sizes) testing_support::ring_exchange(comm, size, tag++);
-  }, short_timeouts());
+  run_in_process(
+      GetParam(),
+      [](communicator& comm) {
+        tag_t tag = 0;
+        for (std::size_t size : p2p_message_sizes) testing_support::ring_exchange(comm, size, tag++);
+      },
+      short_timeouts());
 }
 
 TEST_P(inproc_p2p, all_pairs_every_size) {
-  run_in_process(GetParam(), [](communicator& comm) {
-    tag_t tag = 100;
-    for (std::size_t size : p2p_message_sizes)
-      testing_support::all_pairs_exchange(comm, size, tag++, /*all_at_once=*/size <= (std::size_t{2} << 20));
-  }, short_timeouts());
+  run_in_process(
+      GetParam(),
+      [](communicator& comm) {
+        tag_t tag = 100;
+        for (std::size_t size : p2p_message_sizes)
+          testing_support::all_pairs_exchange(comm, size, tag++, /*all_at_once=*/size <= (std::size_t{2} << 20));
+      },
+      short_timeouts());
 }
 
 TEST_P(inproc_p2p, same_tag_messages_keep_their_order) {
-  run_in_process(GetParam(), [](communicator& comm) { testing_support::ordered_same_tag(comm); }, short_timeouts());
+  run_in_process(
+      GetParam(), [](communicator& comm) { testing_support::ordered_same_tag(comm); }, short_timeouts());
 }
 
 TEST_P(inproc_p2p, split_groups_do_not_mix_with_the_parent) {
-  run_in_process(GetParam(), [](communicator& comm) {
-    // Two colors (even / odd ranks), reversed order inside each; then the same exchanges on both.
-    std::optional<communicator> sub = comm.split(comm.rank() % 2, -comm.rank());
-    ASSERT_TRUE(sub.has_value());
-    const int expected_size = (comm.size() + (comm.rank() % 2 == 0 ? 1 : 0)) / 2;
-    EXPECT_EQ(sub->size(), expected_size);
-    EXPECT_EQ(sub->rank(), expected_size - 1 - comm.rank() / 2);
-    testing_support::ring_exchange(*sub, 4095, 1);
-    testing_support::ring_exchange(comm, 4095, 1);
-    // A negative color leaves a rank out.
-    std::optional<communicator> none = comm.split(comm.rank() == 0 ? -1 : 0, 0);
-    EXPECT_EQ(none.has_value(), comm.rank() != 0);
-  }, short_timeouts());
+  run_in_process(
+      GetParam(),
+      [](communicator& comm) {
+        // Two colors (even / odd ranks), reversed order inside each; then the same exchanges on both.
+        std::optional<communicator> sub = comm.split(comm.rank() % 2, -comm.rank());
+        ASSERT_TRUE(sub.has_value());
+        const int expected_size = (comm.size() + (comm.rank() % 2 == 0 ? 1 : 0)) / 2;
+        EXPECT_EQ(sub->size(), expected_size);
+        EXPECT_EQ(sub->rank(), expected_size - 1 - comm.rank() / 2);
+        testing_support::ring_exchange(*sub, 4095, 1);
+        testing_support::ring_exchange(comm, 4095, 1);
+        // A negative color leaves a rank out.
+        std::optional<communicator> none = comm.split(comm.rank() == 0 ? -1 : 0, 0);
+        EXPECT_EQ(none.has_value(), comm.rank() != 0);
+      },
+      short_timeouts());
 }
 
 INSTANTIATE_TEST_SUITE_P(world, inproc_p2p, ::testing::ValuesIn(inproc_world_sizes),
@@ -74,7 +84,8 @@ TEST(inproc_p2p_errors, a_peer_that_never_sends_times_out_at_the_deadline) {
       EXPECT_GE(waited, 0.19);
       EXPECT_LT(waited, 5.0);
       EXPECT_NE(std::string(e.what()).find("[rank 0] inproc: recv of up to 64 bytes from rank 1 (tag 9)"),
-                std::string::npos) << e.what();
+                std::string::npos)
+          << e.what();
     }
   });
 }
@@ -116,15 +127,18 @@ TEST(node_topology, blocks_and_restriction_to_a_split) {
   EXPECT_EQ(t.local_size(), 3);
   EXPECT_FALSE(t.uniform());
   EXPECT_TRUE(node_topology::blocks(8, 2, 0).uniform());
-  run_in_process(6, [](communicator& comm) {
-    communicator node = comm.split_node();
-    EXPECT_EQ(node.size(), 2);
-    EXPECT_EQ(node.topology().node_count(), 1);
-    communicator across = comm.split_across_nodes();
-    EXPECT_EQ(across.size(), 3);
-    EXPECT_EQ(across.topology().node_count(), 3);
-    EXPECT_EQ(across.rank(), comm.rank() / 2);
-  }, config{}, /*ranks_per_node=*/2);
+  run_in_process(
+      6,
+      [](communicator& comm) {
+        communicator node = comm.split_node();
+        EXPECT_EQ(node.size(), 2);
+        EXPECT_EQ(node.topology().node_count(), 1);
+        communicator across = comm.split_across_nodes();
+        EXPECT_EQ(across.size(), 3);
+        EXPECT_EQ(across.topology().node_count(), 3);
+        EXPECT_EQ(across.rank(), comm.rank() / 2);
+      },
+      config{}, /*ranks_per_node=*/2);
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 
 #include <memory>
 #include <optional>
-#include <utility>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <flexpar/core/config.hpp>
@@ -62,10 +62,14 @@ class node_topology {
   [[nodiscard]] int node_of(int rank) const { return node_of_rank_.at(static_cast<std::size_t>(rank)); }
   [[nodiscard]] int my_node() const noexcept { return my_node_; }
   /// Ranks of node `node`, ascending.
-  [[nodiscard]] std::span<const int> ranks_of_node(int node) const { return ranks_of_node_.at(static_cast<std::size_t>(node)); }
+  [[nodiscard]] std::span<const int> ranks_of_node(int node) const {
+    return ranks_of_node_.at(static_cast<std::size_t>(node));
+  }
   /// Position of my rank among the ranks of my node.
   [[nodiscard]] int local_rank() const noexcept { return local_rank_; }
-  [[nodiscard]] int local_size() const noexcept { return static_cast<int>(ranks_of_node_[static_cast<std::size_t>(my_node_)].size()); }
+  [[nodiscard]] int local_size() const noexcept {
+    return static_cast<int>(ranks_of_node_[static_cast<std::size_t>(my_node_)].size());
+  }
   /// True when every node has the same number of ranks (what hierarchical algorithms require).
   [[nodiscard]] bool uniform() const noexcept;
 
@@ -78,7 +82,7 @@ class node_topology {
 
 /// What a communicator needs from MPI's thread support.
 enum class thread_need : int {
-  single = MPI_THREAD_SINGLE,        ///< flexpar calls MPI from the thread that calls flexpar
+  single = MPI_THREAD_SINGLE,  ///< flexpar calls MPI from the thread that calls flexpar
   funneled = MPI_THREAD_FUNNELED,
   serialized = MPI_THREAD_SERIALIZED,  ///< a flexpar background thread calls MPI, never concurrently with you
   multiple = MPI_THREAD_MULTIPLE,

@@ -22,7 +22,8 @@ namespace flexpar::detail {
 #ifdef FLEXPAR_DETAIL_HAVE_NCCL_H
 [[noreturn]] inline void throw_nccl_failure(int rank, ncclResult_t code, const char* call,
                                             const std::source_location& loc) {
-  throw transport_error("NCCL", static_cast<long>(code), api_failure_text(rank, call, ncclGetErrorString(code), code, loc));
+  throw transport_error("NCCL", static_cast<long>(code),
+                        api_failure_text(rank, call, ncclGetErrorString(code), code, loc));
 }
 #endif
 
@@ -30,20 +31,18 @@ namespace flexpar::detail {
 
 /// Runs a CUDA runtime call; on anything but cudaSuccess throws flexpar::transport_error with
 /// `rank`, the call text, cudaGetErrorName/String and file:line.
-#define FLEXPAR_CHECK_CUDA(rank, call)                                                           \
-  do {                                                                                           \
-    if (const cudaError_t flexpar_cuda_code_ = (call); flexpar_cuda_code_ != cudaSuccess)        \
-      ::flexpar::detail::throw_cuda_failure((rank), flexpar_cuda_code_, #call,                    \
-                                            std::source_location::current());                    \
+#define FLEXPAR_CHECK_CUDA(rank, call)                                                                           \
+  do {                                                                                                           \
+    if (const cudaError_t flexpar_cuda_code_ = (call); flexpar_cuda_code_ != cudaSuccess)                        \
+      ::flexpar::detail::throw_cuda_failure((rank), flexpar_cuda_code_, #call, std::source_location::current()); \
   } while (0)
 
 #ifdef FLEXPAR_DETAIL_HAVE_NCCL_H
 /// Runs an NCCL call; on anything but ncclSuccess (ncclInProgress included: callers of non-blocking
 /// communicators poll for that themselves) throws flexpar::transport_error with ncclGetErrorString.
-#define FLEXPAR_CHECK_NCCL(rank, call)                                                           \
-  do {                                                                                           \
-    if (const ncclResult_t flexpar_nccl_code_ = (call); flexpar_nccl_code_ != ncclSuccess)       \
-      ::flexpar::detail::throw_nccl_failure((rank), flexpar_nccl_code_, #call,                    \
-                                            std::source_location::current());                    \
+#define FLEXPAR_CHECK_NCCL(rank, call)                                                                           \
+  do {                                                                                                           \
+    if (const ncclResult_t flexpar_nccl_code_ = (call); flexpar_nccl_code_ != ncclSuccess)                       \
+      ::flexpar::detail::throw_nccl_failure((rank), flexpar_nccl_code_, #call, std::source_location::current()); \
   } while (0)
 #endif

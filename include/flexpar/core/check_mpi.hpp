@@ -25,16 +25,16 @@ inline int mpi_world_rank_or_unknown() noexcept {
   char message[MPI_MAX_ERROR_STRING] = {};
   int length = 0;
   if (MPI_Error_string(code, message, &length) != MPI_SUCCESS) length = 0;
-  throw transport_error("MPI", code,
-                        api_failure_text(mpi_world_rank_or_unknown(), call, std::string_view(message, length), code, loc));
+  throw transport_error(
+      "MPI", code, api_failure_text(mpi_world_rank_or_unknown(), call, std::string_view(message, length), code, loc));
 }
 
 }  // namespace flexpar::detail
 
 /// Runs an MPI call; on a return code other than MPI_SUCCESS throws flexpar::transport_error whose
 /// text holds the world rank, the call as written, MPI's own error string and file:line.
-#define FLEXPAR_CHECK_MPI(call)                                                                  \
-  do {                                                                                           \
-    if (const int flexpar_mpi_code_ = (call); flexpar_mpi_code_ != MPI_SUCCESS)                  \
+#define FLEXPAR_CHECK_MPI(call)                                                                        \
+  do {                                                                                                 \
+    if (const int flexpar_mpi_code_ = (call); flexpar_mpi_code_ != MPI_SUCCESS)                        \
       ::flexpar::detail::throw_mpi_failure(flexpar_mpi_code_, #call, std::source_location::current()); \
   } while (0)

@@ -17,9 +17,8 @@ namespace flexpar::detail {
 
 /// Runs a UCX call returning ucs_status_t; on an error (anything but UCS_OK / UCS_INPROGRESS) throws
 /// flexpar::transport_error with `rank`, the call as written, ucs_status_string() and file:line.
-#define FLEXPAR_CHECK_UCX(rank, call)                                                            \
-  do {                                                                                           \
-    if (const ucs_status_t flexpar_ucx_status_ = (call); UCS_STATUS_IS_ERR(flexpar_ucx_status_)) \
-      ::flexpar::detail::throw_ucx_failure((rank), flexpar_ucx_status_, #call,                    \
-                                           std::source_location::current());                     \
+#define FLEXPAR_CHECK_UCX(rank, call)                                                                            \
+  do {                                                                                                           \
+    if (const ucs_status_t flexpar_ucx_status_ = (call); UCS_STATUS_IS_ERR(flexpar_ucx_status_))                 \
+      ::flexpar::detail::throw_ucx_failure((rank), flexpar_ucx_status_, #call, std::source_location::current()); \
   } while (0)

@@ -143,14 +143,46 @@ constexpr std::string_view name_of(dtype t) noexcept {
 namespace detail {
 template <class T>
 struct dtype_of_impl;  // undefined: only the types of the table have a dtype
-template <> struct dtype_of_impl<float> { static constexpr dtype value = dtype::f32; using accumulate = float; };
-template <> struct dtype_of_impl<double> { static constexpr dtype value = dtype::f64; using accumulate = double; };
-template <> struct dtype_of_impl<half> { static constexpr dtype value = dtype::f16; using accumulate = float; };
-template <> struct dtype_of_impl<bfloat16> { static constexpr dtype value = dtype::bf16; using accumulate = float; };
-template <> struct dtype_of_impl<std::int8_t> { static constexpr dtype value = dtype::i8; using accumulate = std::int8_t; };
-template <> struct dtype_of_impl<std::uint8_t> { static constexpr dtype value = dtype::u8; using accumulate = std::uint8_t; };
-template <> struct dtype_of_impl<std::int32_t> { static constexpr dtype value = dtype::i32; using accumulate = std::int32_t; };
-template <> struct dtype_of_impl<std::int64_t> { static constexpr dtype value = dtype::i64; using accumulate = std::int64_t; };
+template <>
+struct dtype_of_impl<float> {
+  static constexpr dtype value = dtype::f32;
+  using accumulate = float;
+};
+template <>
+struct dtype_of_impl<double> {
+  static constexpr dtype value = dtype::f64;
+  using accumulate = double;
+};
+template <>
+struct dtype_of_impl<half> {
+  static constexpr dtype value = dtype::f16;
+  using accumulate = float;
+};
+template <>
+struct dtype_of_impl<bfloat16> {
+  static constexpr dtype value = dtype::bf16;
+  using accumulate = float;
+};
+template <>
+struct dtype_of_impl<std::int8_t> {
+  static constexpr dtype value = dtype::i8;
+  using accumulate = std::int8_t;
+};
+template <>
+struct dtype_of_impl<std::uint8_t> {
+  static constexpr dtype value = dtype::u8;
+  using accumulate = std::uint8_t;
+};
+template <>
+struct dtype_of_impl<std::int32_t> {
+  static constexpr dtype value = dtype::i32;
+  using accumulate = std::int32_t;
+};
+template <>
+struct dtype_of_impl<std::int64_t> {
+  static constexpr dtype value = dtype::i64;
+  using accumulate = std::int64_t;
+};
 
 template <class T, class = void>
 struct has_dtype : std::false_type {};

@@ -173,7 +173,9 @@ class transport {
   [[nodiscard]] virtual std::unique_ptr<transport> split(int color, int key) = 0;
 
   /// Blocking conveniences over isend/irecv.
-  void send(int peer, tag_t tag, std::span<const std::byte> data, deadline until) { isend(peer, tag, data).wait(until); }
+  void send(int peer, tag_t tag, std::span<const std::byte> data, deadline until) {
+    isend(peer, tag, data).wait(until);
+  }
   std::size_t recv(int peer, tag_t tag, std::span<std::byte> data, deadline until) {
     request r = irecv(peer, tag, data);
     r.wait(until);

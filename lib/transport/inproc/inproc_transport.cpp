@@ -98,11 +98,12 @@ class inproc_state {
   static void transfer(inproc_op& send, inproc_op& recv) {
     if (send.send_buffer.size() > recv.recv_buffer.size()) {
       recv.error = send.error = "message of " + std::to_string(send.send_buffer.size()) +
-                                " bytes does not fit the receive buffer of " +
-                                std::to_string(recv.recv_buffer.size()) + " bytes (truncation)";
+                                " bytes does not fit the receive buffer of " + std::to_string(recv.recv_buffer.size()) +
+                                " bytes (truncation)";
       return;
     }
-    if (!send.send_buffer.empty()) std::memcpy(recv.recv_buffer.data(), send.send_buffer.data(), send.send_buffer.size());
+    if (!send.send_buffer.empty())
+      std::memcpy(recv.recv_buffer.data(), send.send_buffer.data(), send.send_buffer.size());
     recv.bytes = send.bytes = send.send_buffer.size();
   }
 
@@ -171,9 +172,11 @@ class inproc_transport final : public transport {
     if (color < 0) return nullptr;
     std::vector<std::pair<int, int>> members;  // (key, parent rank)
     for (int r = 0; r < size(); ++r)
-      if (all[2 * static_cast<std::size_t>(r)] == color) members.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
+      if (all[2 * static_cast<std::size_t>(r)] == color)
+        members.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
     std::sort(members.begin(), members.end());
-    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), std::pair{key, rank_}) - members.begin());
+    const int new_rank =
+        static_cast<int>(std::find(members.begin(), members.end(), std::pair{key, rank_}) - members.begin());
     return std::make_unique<inproc_transport>(
         state_->take_split_group(sequence, color, static_cast<int>(members.size())), new_rank);
   }
