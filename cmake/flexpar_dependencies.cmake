@@ -1,6 +1,8 @@
 # Finds flexpar's dependencies and decides the AUTO options.
 find_package(Threads REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
+# Header-only, used inside lib/ only (the timeline's JSON): not a dependency of consumers.
+find_package(nlohmann_json 3 REQUIRED)
 
 set(FLEXPAR_HAVE_UCX OFF)
 if(FLEXPAR_WITH_UCX)

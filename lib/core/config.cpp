@@ -61,6 +61,31 @@ config config::from_environment(const std::function<std::optional<std::string>(s
   if (auto v = lookup("FLEXPAR_UCX_SPIN_US"))
     c.ucx_spin = std::chrono::microseconds(
         static_cast<long long>(parse_number("FLEXPAR_UCX_SPIN_US", *v, 0, "a number of microseconds >= 0")));
+  const auto seconds = [&](std::string_view name, double min) {
+    auto v = lookup(name);
+    return v ? std::optional<double>(parse_number(name, *v, min, min > 0 ? "a number of seconds > 0" : "a number of seconds >= 0"))
+             : std::nullopt;
+  };
+  const auto whole = [&](std::string_view name) -> std::optional<std::size_t> {
+    auto v = lookup(name);
+    if (!v) return std::nullopt;
+    const double x = parse_number(name, *v, 0, "a whole number >= 0");
+    if (x != std::floor(x) || x > 9.0e18) bad_value(name, *v, "a whole number >= 0");
+    return static_cast<std::size_t>(x);
+  };
+  const auto millis = [](double s) { return std::chrono::milliseconds(static_cast<long long>(std::llround(1000.0 * s))); };
+  if (auto v = whole("FLEXPAR_FUSION_THRESHOLD")) c.fusion_threshold = *v;
+  if (auto v = lookup("FLEXPAR_CYCLE_TIME_MS"))
+    c.cycle_time = std::chrono::microseconds(static_cast<long long>(
+        std::llround(1000.0 * parse_number("FLEXPAR_CYCLE_TIME_MS", *v, 0, "a number of milliseconds >= 0"))));
+  if (auto v = whole("FLEXPAR_CACHE_CAPACITY")) c.cache_capacity = *v;
+  if (auto v = seconds("FLEXPAR_STALL_WARNING_S", 0.001)) c.stall_warning = millis(*v);
+  if (auto v = seconds("FLEXPAR_STALL_SHUTDOWN_S", 0)) c.stall_shutdown = millis(*v);
+  if (auto v = lookup("FLEXPAR_TIMELINE")) c.timeline_path = *v;
+  if (auto v = lookup("FLEXPAR_TIMELINE_MARK_CYCLES")) {
+    if (*v != "0" && *v != "1") bad_value("FLEXPAR_TIMELINE_MARK_CYCLES", *v, "0 or 1");
+    c.timeline_mark_cycles = *v == "1";
+  }
   return c;
 }
 

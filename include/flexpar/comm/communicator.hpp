@@ -1,12 +1,15 @@
-// flexpar/comm/communicator.hpp — a group of ranks, its node topology and its transport.
-//
-// A communicator is an object the user owns and passes to collectives (no global state). Build one
-// from an existing MPI communicator (flexpar never calls MPI_Init itself), or from an in-process
-// world (threads as ranks, for tests).
-//
-//   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
-//   flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
-//   ... flexpar::allreduce(comm, data, flexpar::reduce_op::sum);
+/// @file
+/// @brief A group of ranks, its node topology and its transport.
+///
+/// A communicator is an object the user owns and passes to collectives (no global state). Build one
+/// from an existing MPI communicator (flexpar never calls MPI_Init itself), or from an in-process
+/// world (threads as ranks, for tests).
+///
+/// @code
+///   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+///   flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
+///   ... flexpar::allreduce(comm, data, flexpar::reduce_op::sum);
+/// @endcode
 #pragma once
 
 #include <mpi.h>
@@ -23,6 +26,8 @@
 namespace flexpar {
 
 namespace detail {
+struct collective_context;  // defined by include/flexpar/collective/context.hpp
+
 /// Sole owner of an MPI communicator: frees it on destruction (unless MPI is already finalized).
 class owned_mpi_comm {
  public:
@@ -58,8 +63,11 @@ class node_topology {
   /// Every run of `ranks_per_node` consecutive ranks is one node.
   static node_topology blocks(int size, int ranks_per_node, int my_rank);
 
+  /// Number of nodes.
   [[nodiscard]] int node_count() const noexcept { return static_cast<int>(ranks_of_node_.size()); }
+  /// Node index of `rank` (0 <= rank < the group's size; std::out_of_range otherwise).
   [[nodiscard]] int node_of(int rank) const { return node_of_rank_.at(static_cast<std::size_t>(rank)); }
+  /// Node index of my rank.
   [[nodiscard]] int my_node() const noexcept { return my_node_; }
   /// Ranks of node `node`, ascending.
   [[nodiscard]] std::span<const int> ranks_of_node(int node) const {
@@ -67,6 +75,7 @@ class node_topology {
   }
   /// Position of my rank among the ranks of my node.
   [[nodiscard]] int local_rank() const noexcept { return local_rank_; }
+  /// Number of ranks on my node.
   [[nodiscard]] int local_size() const noexcept {
     return static_cast<int>(ranks_of_node_[static_cast<std::size_t>(my_node_)].size());
   }
@@ -88,6 +97,9 @@ enum class thread_need : int {
   multiple = MPI_THREAD_MULTIPLE,
 };
 
+/// A group of ranks with the transport that moves bytes between them, which ranks share a node, and
+/// the settings (config) of every operation on it. Move-only; owns its transport and its MPI
+/// communicator. Used by one thread at a time (like its transport).
 class communicator {
  public:
   /// Collective over `comm`. Duplicates `comm` (messages never mix with yours), builds the transport
@@ -104,10 +116,15 @@ class communicator {
   communicator(std::unique_ptr<flexpar::transport> t, node_topology topology, config cfg,
                detail::owned_mpi_comm mpi = {});
 
+  /// My rank in this group, 0 <= rank() < size().
   [[nodiscard]] int rank() const noexcept { return transport_->rank(); }
+  /// Number of ranks in this group.
   [[nodiscard]] int size() const noexcept { return transport_->size(); }
+  /// The point-to-point transport of this group (its messages never mix with other communicators').
   [[nodiscard]] flexpar::transport& transport() const noexcept { return *transport_; }
+  /// Which ranks of this group share a node.
   [[nodiscard]] const node_topology& topology() const noexcept { return topology_; }
+  /// The settings this communicator was built with (timeout, transport, ...).
   [[nodiscard]] const config& settings() const noexcept { return config_; }
   /// The deadline of a blocking operation started now (settings().timeout from now).
   [[nodiscard]] deadline default_deadline() const { return deadline_after(config_.timeout); }
@@ -126,11 +143,17 @@ class communicator {
   /// Collective: the ranks with my local rank, one per node (the inter-node group).
   [[nodiscard]] communicator split_across_nodes() const;
 
+  /// The collective layer's state for this communicator (its own message channel and tag sequence,
+  /// the shared-memory segment of the intra-node path, cached sub-communicators): built on first use
+  /// by include/flexpar/collective/context.hpp, destroyed with this communicator before its transport.
+  [[nodiscard]] std::shared_ptr<detail::collective_context>& collective_state() noexcept { return collective_; }
+
  private:
   std::unique_ptr<flexpar::transport> transport_;
   node_topology topology_;
   config config_;
   detail::owned_mpi_comm mpi_;
+  std::shared_ptr<detail::collective_context> collective_;  // last member: destroyed first
 };
 
 }  // namespace flexpar

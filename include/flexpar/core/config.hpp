@@ -1,9 +1,10 @@
-// flexpar/core/config.hpp — run-time settings, from FLEXPAR_* environment variables or from code.
-//
-// A `config` is a plain value: build it with `config::from_environment()` (or default-construct it),
-// change any field in code, and pass it to the objects that use it. Nothing reads the environment
-// behind your back. The table of variables is in doc/configuration.md; each field below names its
-// variable.
+/// @file
+/// @brief Run-time settings, from FLEXPAR_* environment variables or from code.
+///
+/// A `config` is a plain value: build it with `config::from_environment()` (or default-construct it),
+/// change any field in code, and pass it to the objects that use it. Nothing reads the environment
+/// behind your back. The table of variables is in doc/configuration.md; each field below names its
+/// variable.
 #pragma once
 
 #include <chrono>
@@ -23,8 +24,11 @@ enum class transport_kind : unsigned char {
   inproc,  ///< threads as ranks in one process (tests)
 };
 
+/// Name of a transport kind as in FLEXPAR_TRANSPORT and in messages: "mpi", "ucx", "inproc".
 std::string_view name_of(transport_kind kind) noexcept;
 
+/// The run-time settings of flexpar's objects; each field names the FLEXPAR_* variable that
+/// config::from_environment() reads it from.
 struct config {
   /// FLEXPAR_TIMEOUT (seconds, fractional allowed; default 300): the deadline of every blocking wait
   /// that is not given one explicitly. A wait past it throws flexpar::timeout_error.
@@ -40,6 +44,35 @@ struct config {
   /// FLEXPAR_UCX_SPIN_US (microseconds; default 50): how long a UCX wait polls before it sleeps on
   /// the worker's event file descriptor (so that an idle rank does not burn a core).
   std::chrono::microseconds ucx_spin{50};
+
+  // ---- engine (include/flexpar/engine/engine.hpp) ----
+
+  /// FLEXPAR_FUSION_THRESHOLD (bytes; default 128 MiB; 0 disables fusion): ready allreduces of one
+  /// dtype and op are packed into one buffer of at most this many bytes and reduced together.
+  std::size_t fusion_threshold = std::size_t{128} << 20;
+
+  /// FLEXPAR_CYCLE_TIME_MS (milliseconds, fractional allowed; default 1): how often the engine's
+  /// background thread negotiates the tensors submitted since its last cycle.
+  std::chrono::microseconds cycle_time{1000};
+
+  /// FLEXPAR_CACHE_CAPACITY (entries; default 1024; 0 disables): tensors whose negotiation is
+  /// remembered, so that in steady state a rank reports a number instead of the whole description.
+  std::size_t cache_capacity = 1024;
+
+  /// FLEXPAR_STALL_WARNING_S (seconds; default 60): warn, naming the tensor and the ranks that
+  /// have not submitted it, when some ranks have waited this long for the others.
+  std::chrono::milliseconds stall_warning{std::chrono::seconds(60)};
+
+  /// FLEXPAR_STALL_SHUTDOWN_S (seconds; default 300; 0 = never): after this long, fail the
+  /// stalled tensor's handles on every rank with a timeout_error.
+  std::chrono::milliseconds stall_shutdown{std::chrono::seconds(300)};
+
+  /// FLEXPAR_TIMELINE (a file path; default empty = off): write a Chrome-trace JSON timeline of
+  /// the engine's work there (all ranks merged into one file by rank 0 at shutdown).
+  std::string timeline_path;
+
+  /// FLEXPAR_TIMELINE_MARK_CYCLES (0 or 1; default 0): add an instant event per engine cycle.
+  bool timeline_mark_cycles = false;
 
   /// Reads every FLEXPAR_* variable above; unset ones keep their defaults. A malformed value throws
   /// flexpar::usage_error naming the variable, the value and what was expected.

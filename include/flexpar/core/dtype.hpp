@@ -1,18 +1,19 @@
-// flexpar/core/dtype.hpp — element types flexpar moves and reduces.
-//
-// | dtype | C++ type            | bytes | accumulates in |
-// |-------|---------------------|-------|----------------|
-// | f32   | float               | 4     | float          |
-// | f64   | double              | 8     | double         |
-// | f16   | flexpar::half       | 2     | float          |
-// | bf16  | flexpar::bfloat16   | 2     | float          |
-// | i8    | std::int8_t         | 1     | itself         |
-// | u8    | std::uint8_t        | 1     | itself         |
-// | i32   | std::int32_t        | 4     | itself         |
-// | i64   | std::int64_t        | 8     | itself         |
-//
-// half and bfloat16 are storage types: 16 bits with conversions to and from float that round to
-// nearest even, so reductions in them go through float (as NCCL and Horovod do).
+/// @file
+/// @brief Element types flexpar moves and reduces.
+///
+/// | dtype | C++ type            | bytes | accumulates in |
+/// |-------|---------------------|-------|----------------|
+/// | f32   | float               | 4     | float          |
+/// | f64   | double              | 8     | double         |
+/// | f16   | flexpar::half       | 2     | float          |
+/// | bf16  | flexpar::bfloat16   | 2     | float          |
+/// | i8    | std::int8_t         | 1     | itself         |
+/// | u8    | std::uint8_t        | 1     | itself         |
+/// | i32   | std::int32_t        | 4     | itself         |
+/// | i64   | std::int64_t        | 8     | itself         |
+///
+/// half and bfloat16 are storage types: 16 bits with conversions to and from float that round to
+/// nearest even, so reductions in them go through float (as NCCL and Horovod do).
 #pragma once
 
 #include <bit>
@@ -25,13 +26,17 @@ namespace flexpar {
 
 /// IEEE 754 binary16, stored as its 16 bits.
 struct half {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< The binary16 bit pattern (sign, exponent, mantissa).
 
-  constexpr half() = default;
+  constexpr half() = default;  ///< Positive zero.
+  /// `value` rounded to the nearest binary16 (ties to even); out-of-range values become infinities.
   constexpr explicit half(float value) noexcept : bits(from_float(value)) {}
+  /// The exact float value (every binary16 is a float).
   constexpr explicit operator float() const noexcept { return to_float(bits); }
+  /// Bitwise equality: +0 != -0, and a NaN equals the same NaN pattern.
   friend constexpr bool operator==(half a, half b) noexcept { return a.bits == b.bits; }
 
+  /// The half whose bit pattern is `b`.
   static constexpr half from_bits(std::uint16_t b) noexcept {
     half h;
     h.bits = b;
@@ -83,15 +88,19 @@ struct half {
 
 /// bfloat16: the top 16 bits of an IEEE binary32, rounded to nearest even.
 struct bfloat16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0;  ///< The bfloat16 bit pattern (sign, exponent, mantissa).
 
-  constexpr bfloat16() = default;
+  constexpr bfloat16() = default;  ///< Positive zero.
+  /// `value` rounded to the nearest bfloat16 (ties to even); out-of-range values become infinities.
   constexpr explicit bfloat16(float value) noexcept : bits(from_float(value)) {}
+  /// The exact float value (the bits become the top half of a binary32).
   constexpr explicit operator float() const noexcept {
     return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
   }
+  /// Bitwise equality: +0 != -0, and a NaN equals the same NaN pattern.
   friend constexpr bool operator==(bfloat16 a, bfloat16 b) noexcept { return a.bits == b.bits; }
 
+  /// The bfloat16 whose bit pattern is `b`.
   static constexpr bfloat16 from_bits(std::uint16_t b) noexcept {
     bfloat16 h;
     h.bits = b;

@@ -1,16 +1,19 @@
-// flexpar/core/error.hpp — the exception hierarchy every layer throws.
-//
-// One base (`flexpar::error`) and a few kinds that callers can act on differently:
-//
-//   error
-//   ├── usage_error      the caller broke a documented precondition (bad rank, bad tag, ...)
-//   ├── mismatch_error   ranks disagree about a collective (count, dtype, op, root, ...)
-//   ├── timeout_error    a blocking wait reached its deadline
-//   ├── peer_failure     a remote rank died or reported an error
-//   └── transport_error  a C communication API (MPI, UCX, NCCL, CUDA) returned a failure
-//
-// Messages carry their context in the text (rank, operation, tensor, file:line) because that text
-// is what reaches a log from a job of 512 ranks; the structured fields are there for code.
+/// @file
+/// @brief The exception hierarchy every layer throws.
+///
+/// One base (`flexpar::error`) and a few kinds that callers can act on differently:
+///
+/// @verbatim
+///   error
+///   ├── usage_error      the caller broke a documented precondition (bad rank, bad tag, ...)
+///   ├── mismatch_error   ranks disagree about a collective (count, dtype, op, root, ...)
+///   ├── timeout_error    a blocking wait reached its deadline
+///   ├── peer_failure     a remote rank died or reported an error
+///   └── transport_error  a C communication API (MPI, UCX, NCCL, CUDA) returned a failure
+/// @endverbatim
+///
+/// Messages carry their context in the text (rank, operation, tensor, file:line) because that text
+/// is what reaches a log from a job of 512 ranks; the structured fields are there for code.
 #pragma once
 
 #include <source_location>
@@ -54,9 +57,12 @@ class peer_failure : public error {
 /// `library()` is "MPI", "UCX", ...; `code()` is the library's own return code.
 class transport_error : public error {
  public:
+  /// `library` ("MPI", "UCX", ...) failed with its return code `code`; `what` is the full message.
   transport_error(std::string library, long code, const std::string& what)
       : error(what), library_(std::move(library)), code_(code) {}
+  /// The library that failed: "MPI", "UCX", "NCCL" or "CUDA".
   [[nodiscard]] const std::string& library() const noexcept { return library_; }
+  /// The library's own return code (MPI error code, ucs_status_t, ncclResult_t, cudaError_t).
   [[nodiscard]] long code() const noexcept { return code_; }
 
  private:

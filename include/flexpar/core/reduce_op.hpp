@@ -1,14 +1,15 @@
-// flexpar/core/reduce_op.hpp — reduction operators.
-//
-// | op   | combine(a, b) | identity          | note                                      |
-// |------|---------------|-------------------|-------------------------------------------|
-// | sum  | a + b         | 0                 |                                           |
-// | prod | a * b         | 1                 |                                           |
-// | min  | min(a, b)     | +max of the type  |                                           |
-// | max  | max(a, b)     | lowest of the type|                                           |
-// | avg  | a + b         | 0                 | summed, then scaled by 1/p once at the end|
-//
-// Reductions of half/bfloat16 are computed in float (accumulate_t), as NCCL does.
+/// @file
+/// @brief Reduction operators.
+///
+/// | op   | combine(a, b) | identity          | note                                      |
+/// |------|---------------|-------------------|-------------------------------------------|
+/// | sum  | a + b         | 0                 |                                           |
+/// | prod | a * b         | 1                 |                                           |
+/// | min  | min(a, b)     | +max of the type  |                                           |
+/// | max  | max(a, b)     | lowest of the type|                                           |
+/// | avg  | a + b         | 0                 | summed, then scaled by 1/p once at the end|
+///
+/// Reductions of half/bfloat16 are computed in float (accumulate_t), as NCCL does.
 #pragma once
 
 #include <algorithm>
@@ -20,8 +21,10 @@
 
 namespace flexpar {
 
+/// How a reduction combines the values of the ranks (the table above).
 enum class reduce_op : std::uint8_t { sum, prod, min, max, avg };
 
+/// Short name as printed in errors, benchmarks and the timeline ("sum", "avg", ...).
 constexpr std::string_view name_of(reduce_op op) noexcept {
   switch (op) {
     case reduce_op::sum: return "sum";

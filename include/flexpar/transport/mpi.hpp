@@ -1,4 +1,5 @@
-// flexpar/transport/mpi.hpp — the MPI transport: MPI_Isend/MPI_Irecv on a duplicated communicator.
+/// @file
+/// @brief The MPI transport: MPI_Isend/MPI_Irecv on a duplicated communicator.
 #pragma once
 
 #include <mpi.h>

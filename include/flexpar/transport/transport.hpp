@@ -1,19 +1,20 @@
-// flexpar/transport/transport.hpp — point-to-point bytes between the ranks of a group.
-//
-// The one type-erased boundary of flexpar (STYLE §5): algorithms above it are templates, the
-// transports below it (MPI, UCX, in-process; NCCL later) are compiled in lib/ behind this interface.
-//
-// Contract of every transport:
-//  - isend/irecv are non-blocking and return a `request`; the span must stay valid and untouched
-//    until the request completes (or is destroyed, which cancels it where the library allows).
-//  - Matching is by (peer, tag). Two messages from the same sender with the same tag are received
-//    in the order they were sent. There is no wildcard source or tag.
-//  - A receive buffer may be larger than the message (request::bytes() tells the size received);
-//    a message larger than the buffer is an error (transport_error), never a silent truncation.
-//  - Zero-length messages are messages: they match and complete like any other.
-//  - Every blocking wait has a deadline: past it, timeout_error names the rank, op, peer, tag and size.
-//  - Tags run from 0 to max_tag() - 1; max_tag() itself is reserved for flexpar's own bootstrap.
-//  - A transport is used by one thread at a time unless the transport says otherwise.
+/// @file
+/// @brief Point-to-point bytes between the ranks of a group.
+///
+/// The one type-erased boundary of flexpar (STYLE §5): algorithms above it are templates, the
+/// transports below it (MPI, UCX, in-process; NCCL later) are compiled in lib/ behind this interface.
+///
+/// Contract of every transport:
+///  - isend/irecv are non-blocking and return a `request`; the span must stay valid and untouched
+///    until the request completes (or is destroyed, which cancels it where the library allows).
+///  - Matching is by (peer, tag). Two messages from the same sender with the same tag are received
+///    in the order they were sent. There is no wildcard source or tag.
+///  - A receive buffer may be larger than the message (request::bytes() tells the size received);
+///    a message larger than the buffer is an error (transport_error), never a silent truncation.
+///  - Zero-length messages are messages: they match and complete like any other.
+///  - Every blocking wait has a deadline: past it, timeout_error names the rank, op, peer, tag and size.
+///  - Tags run from 0 to max_tag() - 1; max_tag() itself is reserved for flexpar's own bootstrap.
+///  - A transport is used by one thread at a time unless the transport says otherwise.
 #pragma once
 
 #include <chrono>
@@ -29,6 +30,7 @@
 
 namespace flexpar {
 
+/// The clock of every deadline: monotonic, so that a wall-clock change never fires or delays a timeout.
 using clock = std::chrono::steady_clock;
 /// The moment a blocking wait gives up with timeout_error.
 using deadline = clock::time_point;
@@ -39,6 +41,7 @@ inline deadline deadline_after(clock::duration d) { return clock::now() + d; }
 /// Message tags. Transports narrow the range (MPI_TAG_UB); see transport::max_tag().
 using tag_t = std::uint64_t;
 
+/// Whether a request sends or receives (in error messages).
 enum class message_direction : unsigned char { send, recv };
 
 namespace detail {
@@ -87,9 +90,12 @@ class request_state {
 /// must outlive the transport in that case — complete your requests.
 class request {
  public:
-  request() = default;  // an empty request is complete
+  request() = default;  ///< An empty request: already complete, bytes() == 0.
+  /// A request for an operation a transport has started (transports build these in do_isend/do_irecv).
   explicit request(std::unique_ptr<detail::request_state> state) : state_(std::move(state)) {}
+  /// Takes over `other`'s operation; `other` becomes empty.
   request(request&&) noexcept = default;
+  /// Abandons (cancels where possible) this request's operation, then takes over `other`'s.
   request& operator=(request&& other) noexcept {
     if (this != &other) {
       abandon();
@@ -115,6 +121,7 @@ class request {
 
   /// Bytes the completed operation moved (for a receive: the size of the message received).
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  /// True while the operation has not been seen to complete (test() or wait() not yet true).
   [[nodiscard]] bool pending() const noexcept { return state_ != nullptr; }
 
  private:
@@ -149,8 +156,11 @@ class transport {
   transport& operator=(const transport&) = delete;
   virtual ~transport() = default;
 
+  /// My rank in this transport's group, 0 <= rank() < size().
   [[nodiscard]] virtual int rank() const noexcept = 0;
+  /// Number of ranks in this transport's group.
   [[nodiscard]] virtual int size() const noexcept = 0;
+  /// Which transport this is.
   [[nodiscard]] virtual transport_kind kind() const noexcept = 0;
   /// One past the largest tag available to callers; max_tag() itself is reserved for flexpar.
   [[nodiscard]] virtual tag_t max_tag() const noexcept = 0;
@@ -172,10 +182,13 @@ class transport {
   /// Messages on the new transport never match messages on this one.
   [[nodiscard]] virtual std::unique_ptr<transport> split(int color, int key) = 0;
 
-  /// Blocking conveniences over isend/irecv.
+  /// Sends `data` to `peer` under `tag` and waits for completion (isend + wait).
+  /// @throws timeout_error at `until`.
   void send(int peer, tag_t tag, std::span<const std::byte> data, deadline until) {
     isend(peer, tag, data).wait(until);
   }
+  /// Receives a message from `peer` with `tag` into `data` and waits for it (irecv + wait); returns
+  /// the size of the message received. @throws timeout_error at `until`.
   std::size_t recv(int peer, tag_t tag, std::span<std::byte> data, deadline until) {
     request r = irecv(peer, tag, data);
     r.wait(until);
@@ -183,9 +196,10 @@ class transport {
   }
 
  protected:
-  /// The transport's own send/receive; tags are already checked (max_tag() arrives only from
-  /// flexpar's bootstrap). Peers are checked here, or left to the library where it checks them.
+  /// The transport's own send; the tag is already checked (max_tag() arrives only from flexpar's
+  /// bootstrap). Peers are checked here (check_peer), or left to the library where it checks them.
   virtual request do_isend(int peer, tag_t tag, std::span<const std::byte> data) = 0;
+  /// The transport's own receive; the same contract as do_isend.
   virtual request do_irecv(int peer, tag_t tag, std::span<std::byte> data) = 0;
 
   /// Throws usage_error unless 0 <= peer < size().

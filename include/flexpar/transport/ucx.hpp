@@ -1,10 +1,11 @@
-// flexpar/transport/ucx.hpp — the UCX transport (ucp tag API).
-//
-// One ucp context and worker per transport; worker addresses are exchanged over MPI once, then every
-// message goes through UCX (shared memory, TCP, verbs: whatever UCX_TLS allows). ucp tags carry the
-// sender's rank in their upper 32 bits and flexpar's tag in the lower 32, so a receive matches
-// exactly one (peer, tag). A wait polls the worker for config::ucx_spin, then sleeps on the
-// worker's event file descriptor (UCP_FEATURE_WAKEUP) so that an idle rank does not burn a core.
+/// @file
+/// @brief The UCX transport (ucp tag API).
+///
+/// One ucp context and worker per transport; worker addresses are exchanged over MPI once, then every
+/// message goes through UCX (shared memory, TCP, verbs: whatever UCX_TLS allows). ucp tags carry the
+/// sender's rank in their upper 32 bits and flexpar's tag in the lower 32, so a receive matches
+/// exactly one (peer, tag). A wait polls the worker for config::ucx_spin, then sleeps on the
+/// worker's event file descriptor (UCP_FEATURE_WAKEUP) so that an idle rank does not burn a core.
 #pragma once
 
 #include <mpi.h>
