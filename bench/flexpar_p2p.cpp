@@ -176,11 +176,14 @@ int main(int argc, char** argv) {
     }
 
     if (rank == 0) {
-      const char* tls = std::getenv("UCX_TLS");
+      const char* tls =
+          std::getenv("FLEXPAR_P2P_UCX_TLS") ? std::getenv("FLEXPAR_P2P_UCX_TLS") : std::getenv("UCX_TLS");
       std::printf("# flexpar_p2p %s: ping-pong between ranks 0 and 1 of %d; one-way time = round trip / 2, median\n",
                   FLEXPAR_VERSION_STRING, size);
-      std::printf("# UCX_TLS=%s; 'vs raw' = flexpar's bandwidth / the raw library's in the same run\n",
-                  tls ? tls : "(unset)");
+      std::printf(
+          "# UCX transports (FLEXPAR_P2P_UCX_TLS, else UCX_TLS): %s; 'vs raw' = flexpar's bandwidth / the raw "
+          "library's in the same run\n",
+          tls ? tls : "(unset)");
       std::printf("#%11s %12s %6s %11s %9s %7s %7s\n", "size", "transport", "iters", "time(us)", "GB/s", "vs raw",
                   "#wrong");
     }

@@ -22,7 +22,8 @@ class raw_ucx_pair {
     int size = 0;
     MPI_Comm_size(comm, &size);
     ucp_config_t* cfg = nullptr;
-    FLEXPAR_CHECK_UCX(rank_, ucp_config_read(nullptr, nullptr, &cfg));
+    // The same settings as flexpar's UCX transport: UCX_*, then FLEXPAR_P2P_UCX_* on top.
+    FLEXPAR_CHECK_UCX(rank_, ucp_config_read("FLEXPAR_P2P", nullptr, &cfg));
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_TAG;

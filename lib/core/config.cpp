@@ -58,12 +58,14 @@ config config::from_environment(const std::function<std::optional<std::string>(s
     if (x != std::floor(x) || x > 1 << 24) bad_value("FLEXPAR_RANKS_PER_NODE", *v, "a whole number >= 0");
     c.ranks_per_node = static_cast<int>(x);
   }
-  if (auto v = lookup("FLEXPAR_UCX_SPIN_US"))
-    c.ucx_spin = std::chrono::microseconds(
-        static_cast<long long>(parse_number("FLEXPAR_UCX_SPIN_US", *v, 0, "a number of microseconds >= 0")));
+  if (auto v = lookup("FLEXPAR_SPIN_US"))
+    c.spin = std::chrono::microseconds(
+        static_cast<long long>(parse_number("FLEXPAR_SPIN_US", *v, 0, "a number of microseconds >= 0")));
+
   const auto seconds = [&](std::string_view name, double min) {
     auto v = lookup(name);
-    return v ? std::optional<double>(parse_number(name, *v, min, min > 0 ? "a number of seconds > 0" : "a number of seconds >= 0"))
+    return v ? std::optional<double>(
+                   parse_number(name, *v, min, min > 0 ? "a number of seconds > 0" : "a number of seconds >= 0"))
              : std::nullopt;
   };
   const auto whole = [&](std::string_view name) -> std::optional<std::size_t> {
@@ -73,7 +75,9 @@ config config::from_environment(const std::function<std::optional<std::string>(s
     if (x != std::floor(x) || x > 9.0e18) bad_value(name, *v, "a whole number >= 0");
     return static_cast<std::size_t>(x);
   };
-  const auto millis = [](double s) { return std::chrono::milliseconds(static_cast<long long>(std::llround(1000.0 * s))); };
+  const auto millis = [](double s) {
+    return std::chrono::milliseconds(static_cast<long long>(std::llround(1000.0 * s)));
+  };
   if (auto v = whole("FLEXPAR_FUSION_THRESHOLD")) c.fusion_threshold = *v;
   if (auto v = lookup("FLEXPAR_CYCLE_TIME_MS"))
     c.cycle_time = std::chrono::microseconds(static_cast<long long>(

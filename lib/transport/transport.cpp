@@ -1,6 +1,7 @@
 #include <flexpar/transport/transport.hpp>
 
-#include <sched.h>
+#include <algorithm>
+#include <thread>
 
 #include <cstring>
 #include <vector>
@@ -18,11 +19,22 @@ std::string describe(const request_info& info) {
 }
 
 bool request_state::wait_until(deadline until) {
-  // Poll with a back-off: spin briefly (latency), then yield the core (more ranks than cores).
-  for (unsigned spins = 0;; ++spins) {
+  // Poll for `spin` (transfers progress only while polled: rendezvous stages need both sides in
+  // MPI), yielding the core between polls, then sleep between polls, doubling from 2 us to 256 us:
+  // a rank waiting long for a slow peer leaves the core to the ranks and threads that do work.
+  const clock::time_point spin_until = clock::now() + info_.spin;
+  for (unsigned polls = 0;; ++polls) {
     if (test()) return true;
-    if ((spins & 63u) == 63u && clock::now() >= until) return test();
-    if (spins > 4096) sched_yield();
+    if (polls >= 64) std::this_thread::yield();  // more pollers than cores: let the others run
+    if ((polls & 15u) != 15u) continue;
+    const clock::time_point now = clock::now();
+    if (now >= until) return test();
+    if (now >= spin_until) break;
+  }
+  for (std::chrono::microseconds pause{2};; pause = std::min(pause * 2, std::chrono::microseconds{256})) {
+    std::this_thread::sleep_for(pause);
+    if (test()) return true;
+    if (clock::now() >= until) return test();
   }
 }
 

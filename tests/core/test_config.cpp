@@ -23,18 +23,41 @@ TEST(config, defaults_when_nothing_is_set) {
   EXPECT_EQ(c.timeout, std::chrono::seconds(300));
   EXPECT_EQ(c.transport, transport_kind::mpi);
   EXPECT_EQ(c.ranks_per_node, 0);
-  EXPECT_EQ(c.ucx_spin, std::chrono::microseconds(50));
+  EXPECT_EQ(c.spin, std::chrono::microseconds(10000));
 }
 
 TEST(config, reads_every_variable) {
   const config c = from({{"FLEXPAR_TIMEOUT", "2.5"},
                          {"FLEXPAR_TRANSPORT", "ucx"},
                          {"FLEXPAR_RANKS_PER_NODE", "4"},
-                         {"FLEXPAR_UCX_SPIN_US", "0"}});
+                         {"FLEXPAR_SPIN_US", "0"}});
   EXPECT_EQ(c.timeout, std::chrono::milliseconds(2500));
   EXPECT_EQ(c.transport, transport_kind::ucx);
   EXPECT_EQ(c.ranks_per_node, 4);
-  EXPECT_EQ(c.ucx_spin, std::chrono::microseconds(0));
+  EXPECT_EQ(c.spin, std::chrono::microseconds(0));
+}
+
+TEST(config, reads_the_engine_variables) {
+  const config c = from({{"FLEXPAR_FUSION_THRESHOLD", "0"},
+                         {"FLEXPAR_CYCLE_TIME_MS", "2.5"},
+                         {"FLEXPAR_CACHE_CAPACITY", "7"},
+                         {"FLEXPAR_STALL_WARNING_S", "0.5"},
+                         {"FLEXPAR_STALL_SHUTDOWN_S", "0"},
+                         {"FLEXPAR_TIMELINE", "/tmp/t.json"},
+                         {"FLEXPAR_TIMELINE_MARK_CYCLES", "1"}});
+  EXPECT_EQ(c.fusion_threshold, 0u);
+  EXPECT_EQ(c.cycle_time, std::chrono::microseconds(2500));
+  EXPECT_EQ(c.cache_capacity, 7u);
+  EXPECT_EQ(c.stall_warning, std::chrono::milliseconds(500));
+  EXPECT_EQ(c.stall_shutdown, std::chrono::milliseconds(0));
+  EXPECT_EQ(c.timeline_path, "/tmp/t.json");
+  EXPECT_TRUE(c.timeline_mark_cycles);
+  const config d;
+  EXPECT_EQ(d.fusion_threshold, std::size_t{128} << 20);
+  EXPECT_EQ(d.stall_shutdown, std::chrono::seconds(300));
+  EXPECT_THROW((void)from({{"FLEXPAR_TIMELINE_MARK_CYCLES", "yes"}}), usage_error);
+  EXPECT_THROW((void)from({{"FLEXPAR_FUSION_THRESHOLD", "1.5"}}), usage_error);
+  EXPECT_THROW((void)from({{"FLEXPAR_STALL_WARNING_S", "0"}}), usage_error);
 }
 
 TEST(config, a_bad_value_names_the_variable_the_value_and_what_was_expected) {
@@ -54,8 +77,8 @@ TEST(config, a_bad_value_names_the_variable_the_value_and_what_was_expected) {
             "FLEXPAR_TIMEOUT=\"0\" is not valid: expected a number of seconds >= 0.001");
   EXPECT_EQ(message_of({{"FLEXPAR_RANKS_PER_NODE", "1.5"}}),
             "FLEXPAR_RANKS_PER_NODE=\"1.5\" is not valid: expected a whole number >= 0");
-  EXPECT_EQ(message_of({{"FLEXPAR_UCX_SPIN_US", "-1"}}),
-            "FLEXPAR_UCX_SPIN_US=\"-1\" is not valid: expected a number of microseconds >= 0");
+  EXPECT_EQ(message_of({{"FLEXPAR_SPIN_US", "-1"}}),
+            "FLEXPAR_SPIN_US=\"-1\" is not valid: expected a number of microseconds >= 0");
 }
 
 TEST(config, settable_in_code) {

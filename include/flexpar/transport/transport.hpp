@@ -54,6 +54,8 @@ struct request_info {
   int peer = -1;
   tag_t tag = 0;
   std::size_t size = 0;  // bytes offered (send) or room for (recv)
+  /// How long wait_until() polls before it starts sleeping between polls (config::spin).
+  std::chrono::microseconds spin{10000};
 };
 
 /// "[rank 1] ucx: recv of 4096 bytes from rank 0 (tag 7)"

@@ -92,7 +92,7 @@ class mpi_transport final : public transport {
 
  private:
   [[nodiscard]] detail::request_info info(message_direction d, int peer, tag_t tag, std::size_t size) const {
-    return {"mpi", d, rank_, peer, tag, size};
+    return {"mpi", d, rank_, peer, tag, size, config_.spin};
   }
 
   detail::owned_mpi_comm comm_;

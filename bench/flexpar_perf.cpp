@@ -1,0 +1,400 @@
+// flexpar_perf — nccl-tests-style benchmark of flexpar's collectives, with MPICH's own collectives
+// measured in the same run on the same buffers.
+//
+//   mpiexec -n 2 flexpar_perf -b 4K -e 64M -f 4 [-o allreduce,allgather] [-a ring,shared_memory]
+//
+// For each collective and size (bytes of the whole buffer, as nccl-tests counts them) it prints one
+// row per flexpar algorithm and one `mpi` row: the median over iterations of the slowest rank's
+// time, algbw = size / time, busbw = algbw * the nccl-tests factor (allreduce 2(p-1)/p;
+// reduce_scatter, allgather, alltoall (p-1)/p; broadcast, reduce 1), #wrong (elements that differ
+// from the exact answer after one more verified call) and busbw / busbw(mpi). A second table gives
+// the references of the same run: the single-thread `a[i] += b[i]` and memcpy bandwidth of rank 0,
+// and the point-to-point bandwidth between ranks 0 and 1 (flexpar transport, streamed isends).
+// All collectives run in place.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <flexpar/collective.hpp>
+
+namespace {
+
+using flexpar::algorithm;
+using flexpar::communicator;
+using flexpar::reduce_op;
+
+enum class collective { allreduce, reduce_scatter, allgather, broadcast, reduce, alltoall };
+
+const std::map<std::string, collective> collective_names{
+    {"allreduce", collective::allreduce}, {"reduce_scatter", collective::reduce_scatter},
+    {"allgather", collective::allgather}, {"broadcast", collective::broadcast},
+    {"reduce", collective::reduce},       {"alltoall", collective::alltoall}};
+
+const std::map<std::string, algorithm> algorithm_names{
+    {"automatic", algorithm::automatic},         {"ring", algorithm::ring},
+    {"halving_doubling", algorithm::halving_doubling}, {"hierarchical", algorithm::hierarchical},
+    {"shared_memory", algorithm::shared_memory}, {"recursive_doubling", algorithm::recursive_doubling},
+    {"chain", algorithm::chain},                 {"binomial_tree", algorithm::binomial_tree},
+    {"pairwise", algorithm::pairwise}};
+
+std::string name_of(collective c) {
+  for (const auto& [name, value] : collective_names)
+    if (value == c) return name;
+  return "?";
+}
+
+/// The algorithms of `c` that this run measures, from the -a list (automatic is always allowed).
+std::vector<algorithm> algorithms_for(collective c, const std::vector<algorithm>& asked, const communicator& comm) {
+  std::vector<algorithm> offered;
+  switch (c) {
+    case collective::allreduce:
+      offered = {algorithm::automatic, algorithm::ring, algorithm::halving_doubling, algorithm::shared_memory};
+      if (comm.topology().node_count() > 1 && comm.topology().uniform()) offered.push_back(algorithm::hierarchical);
+      if (comm.topology().node_count() > 1) std::erase(offered, algorithm::shared_memory);
+      break;
+    case collective::reduce_scatter: offered = {algorithm::ring}; break;
+    case collective::allgather: offered = {algorithm::ring, algorithm::recursive_doubling}; break;
+    case collective::broadcast:
+    case collective::reduce: offered = {algorithm::chain, algorithm::binomial_tree}; break;
+    case collective::alltoall: offered = {algorithm::pairwise}; break;
+  }
+  std::vector<algorithm> chosen;
+  for (algorithm a : offered)
+    if (asked.empty() || std::find(asked.begin(), asked.end(), a) != asked.end()) chosen.push_back(a);
+  return chosen;
+}
+
+double bus_factor(collective c, int p) {
+  switch (c) {
+    case collective::allreduce: return 2.0 * (p - 1) / p;
+    case collective::reduce_scatter:
+    case collective::allgather:
+    case collective::alltoall: return static_cast<double>(p - 1) / p;
+    case collective::broadcast:
+    case collective::reduce: return 1.0;
+  }
+  return 1.0;
+}
+
+/// Exact inputs (small integers): rank r's element i.
+float input_value(int rank, std::size_t i) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 9) - 4); }
+
+struct run_setup {
+  communicator& comm;
+  collective c;
+  std::size_t count;  // elements of the whole buffer
+  std::vector<float>& buffer;
+  std::vector<float>& scratch;
+};
+
+/// Sets the buffer to this rank's verified input of collective `c`.
+void fill(const run_setup& s) {
+  const int p = s.comm.size(), me = s.comm.rank();
+  const std::size_t block = s.count / static_cast<std::size_t>(p);
+  for (std::size_t i = 0; i < s.count; ++i) {
+    switch (s.c) {
+      case collective::allgather: s.buffer[i] = i / block == static_cast<std::size_t>(me) ? input_value(me, i) : -99.0f; break;
+      case collective::broadcast: s.buffer[i] = me == 0 ? input_value(0, i) : -99.0f; break;
+      default: s.buffer[i] = input_value(me, i); break;
+    }
+  }
+}
+
+/// Elements of the buffer that differ from the exact answer after one call of `c`.
+long long count_wrong(const run_setup& s) {
+  const int p = s.comm.size(), me = s.comm.rank();
+  const std::size_t block = s.count / static_cast<std::size_t>(p);
+  auto sum_over_ranks = [&](std::size_t i) {
+    float sum = 0;
+    for (int r = 0; r < p; ++r) sum += input_value(r, i);
+    return sum;
+  };
+  long long wrong = 0;
+  for (std::size_t i = 0; i < s.count; ++i) {
+    float want = 0;
+    switch (s.c) {
+      case collective::allreduce: want = sum_over_ranks(i); break;
+      case collective::reduce_scatter:
+        if (i / block != static_cast<std::size_t>(me)) continue;
+        want = sum_over_ranks(i);
+        break;
+      case collective::allgather: want = input_value(static_cast<int>(i / block), i); break;
+      case collective::broadcast: want = input_value(0, i); break;
+      case collective::reduce:
+        if (me != 0) continue;
+        want = sum_over_ranks(i);
+        break;
+      case collective::alltoall: {
+        // block q of mine came from rank q, where it was that rank's block `me`
+        const std::size_t q = i / block, offset = i % block;
+        want = input_value(static_cast<int>(q), static_cast<std::size_t>(me) * block + offset);
+        break;
+      }
+    }
+    if (s.buffer[i] != want) ++wrong;
+  }
+  return wrong;
+}
+
+void run_flexpar(const run_setup& s, algorithm a) {
+  std::span<float> data(s.buffer.data(), s.count);
+  switch (s.c) {
+    case collective::allreduce: flexpar::allreduce(s.comm, data, reduce_op::sum, a); break;
+    case collective::reduce_scatter: flexpar::reduce_scatter(s.comm, data, reduce_op::sum, a); break;
+    case collective::allgather: flexpar::allgather(s.comm, data, a); break;
+    case collective::broadcast: flexpar::broadcast(s.comm, data, 0, a); break;
+    case collective::reduce: flexpar::reduce(s.comm, data, reduce_op::sum, 0, a); break;
+    case collective::alltoall: flexpar::alltoall(s.comm, data, a); break;
+  }
+}
+
+void check_mpi(int code, const char* call) {
+  if (code != MPI_SUCCESS) throw flexpar::transport_error("MPI", code, std::string(call) + " failed in flexpar_perf");
+}
+
+void run_mpi(const run_setup& s) {
+  MPI_Comm comm = s.comm.mpi_comm();
+  const auto p = static_cast<std::size_t>(s.comm.size());
+  const auto block = static_cast<MPI_Count>(s.count / p);
+  float* data = s.buffer.data();
+  const auto n = static_cast<MPI_Count>(s.count);
+  switch (s.c) {
+    case collective::allreduce: check_mpi(MPI_Allreduce_c(MPI_IN_PLACE, data, n, MPI_FLOAT, MPI_SUM, comm), "MPI_Allreduce"); break;
+    case collective::reduce_scatter:
+      // MPI's in-place reduce-scatter leaves the result at the start; keep flexpar's layout (block `rank`)
+      check_mpi(MPI_Reduce_scatter_block_c(data, s.scratch.data(), block, MPI_FLOAT, MPI_SUM, comm), "MPI_Reduce_scatter_block");
+      std::memcpy(data + static_cast<std::size_t>(block) * static_cast<std::size_t>(s.comm.rank()), s.scratch.data(),
+                  static_cast<std::size_t>(block) * sizeof(float));
+      break;
+    case collective::allgather:
+      check_mpi(MPI_Allgather_c(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, block, MPI_FLOAT, comm), "MPI_Allgather");
+      break;
+    case collective::broadcast: check_mpi(MPI_Bcast_c(data, n, MPI_FLOAT, 0, comm), "MPI_Bcast"); break;
+    case collective::reduce:
+      check_mpi(MPI_Reduce_c(s.comm.rank() == 0 ? MPI_IN_PLACE : data, s.comm.rank() == 0 ? data : nullptr, n, MPI_FLOAT,
+                             MPI_SUM, 0, comm),
+                "MPI_Reduce");
+      break;
+    case collective::alltoall:
+      check_mpi(MPI_Alltoall_c(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, block, MPI_FLOAT, comm), "MPI_Alltoall");
+      break;
+  }
+}
+
+using seconds = double;
+double now() { return MPI_Wtime(); }
+
+/// Median over iterations of the slowest rank's time of `op`.
+template <class Op>
+seconds time_median(MPI_Comm comm, int warmup, int iterations, Op&& op) {
+  for (int i = 0; i < warmup; ++i) op();
+  std::vector<double> times(static_cast<std::size_t>(iterations));
+  for (auto& t : times) {
+    check_mpi(MPI_Barrier(comm), "MPI_Barrier");
+    const double start = now();
+    op();
+    t = now() - start;
+  }
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, times.data(), iterations, MPI_DOUBLE, MPI_MAX, comm), "MPI_Allreduce");
+  std::nth_element(times.begin(), times.begin() + iterations / 2, times.end());
+  return times[static_cast<std::size_t>(iterations / 2)];
+}
+
+std::size_t parse_size(const std::string& text) {
+  std::size_t pos = 0;
+  const double value = std::stod(text, &pos);
+  double scale = 1;
+  if (pos < text.size()) {
+    switch (text[pos]) {
+      case 'K': case 'k': scale = 1024.0; break;
+      case 'M': case 'm': scale = 1024.0 * 1024; break;
+      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
+      default: throw CLI::ValidationError("size", "unknown suffix in '" + text + "' (use K, M or G)");
+    }
+  }
+  return static_cast<std::size_t>(value * scale);
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) items.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return items;
+}
+
+/// Single-thread references of rank 0 for `bytes`: a[i] += b[i] and memcpy, in bytes of `a` per second.
+std::pair<double, double> local_references(std::size_t bytes, int iterations) {
+  const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
+  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  std::vector<double> add_times, copy_times;
+  for (int i = 0; i < iterations; ++i) {
+    double start = now();
+    flexpar::reduce_into(std::span(a), std::span<const float>(b), reduce_op::sum);
+    add_times.push_back(now() - start);
+    start = now();
+    std::memcpy(b.data(), a.data(), n * sizeof(float));
+    copy_times.push_back(now() - start);
+  }
+  std::sort(add_times.begin(), add_times.end());
+  std::sort(copy_times.begin(), copy_times.end());
+  const auto m = add_times.size() / 2;
+  return {static_cast<double>(n * sizeof(float)) / add_times[m], static_cast<double>(n * sizeof(float)) / copy_times[m]};
+}
+
+/// Unidirectional bandwidth from rank 0 to rank 1 over the communicator's transport: a window of
+/// isends of `bytes` each, acknowledged by one empty message.
+double p2p_bandwidth(communicator& comm, std::size_t bytes, int iterations) {
+  if (comm.size() < 2 || comm.rank() > 1) return 0;
+  std::vector<std::byte> buffer(bytes);
+  const int window = bytes >= (std::size_t{4} << 20) ? 2 : 8;
+  const flexpar::tag_t tag = 7;
+  auto once = [&] {
+    std::vector<flexpar::request> requests;
+    for (int w = 0; w < window; ++w)
+      requests.push_back(comm.rank() == 0 ? comm.transport().isend(1, tag, buffer) : comm.transport().irecv(0, tag, buffer));
+    flexpar::wait_all(requests, comm.default_deadline());
+    if (comm.rank() == 0)
+      comm.transport().recv(1, tag + 1, {}, comm.default_deadline());
+    else
+      comm.transport().send(0, tag + 1, {}, comm.default_deadline());
+  };
+  once();
+  std::vector<double> times;
+  for (int i = 0; i < iterations; ++i) {
+    const double start = now();
+    once();
+    times.push_back(now() - start);
+  }
+  std::sort(times.begin(), times.end());
+  return static_cast<double>(bytes) * window / times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+  CLI::App app{"flexpar_perf: flexpar collectives vs MPI's, nccl-tests style"};
+  std::string min_text = "4K", max_text = "64M", ops_text = "allreduce", algorithms_text;
+  int factor = 2, iterations = 20, warmup = 5, check = 1;
+  app.add_option("-b,--minbytes", min_text, "smallest size (bytes; K, M, G suffixes)");
+  app.add_option("-e,--maxbytes", max_text, "largest size");
+  app.add_option("-f,--stepfactor", factor, "multiply the size by this between rows")->check(CLI::Range(2, 1024));
+  app.add_option("-n,--iters", iterations, "timed iterations per row")->check(CLI::Range(1, 100000));
+  app.add_option("-w,--warmup_iters", warmup, "untimed iterations first")->check(CLI::Range(0, 100000));
+  app.add_option("-c,--check", check, "1: verify each row's result (#wrong)")->check(CLI::Range(0, 1));
+  app.add_option("-o,--ops", ops_text, "comma-separated: allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall, or all");
+  app.add_option("-a,--algorithms", algorithms_text, "comma-separated flexpar algorithms (default: every one the op has)");
+  int exit_code = 0;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    exit_code = app.exit(e);
+    MPI_Finalize();
+    return exit_code;
+  }
+
+  try {
+    communicator comm = communicator::from_mpi(MPI_COMM_WORLD);
+    const int p = comm.size(), me = comm.rank();
+    std::vector<collective> ops;
+    for (const auto& name : split_list(ops_text == "all" ? "allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall" : ops_text)) {
+      if (!collective_names.count(name)) throw flexpar::usage_error("flexpar_perf: unknown collective '" + name + "'");
+      ops.push_back(collective_names.at(name));
+    }
+    std::vector<algorithm> asked;
+    for (const auto& name : split_list(algorithms_text)) {
+      if (!algorithm_names.count(name)) throw flexpar::usage_error("flexpar_perf: unknown algorithm '" + name + "'");
+      asked.push_back(algorithm_names.at(name));
+    }
+    const std::size_t min_bytes = parse_size(min_text), max_bytes = parse_size(max_text);
+    const flexpar::cost_params& machine = flexpar::machine_of(comm);
+
+    if (me == 0) {
+      std::printf("# flexpar_perf: %d ranks on %d node(s), transport %s, f32 sum, in place, %d iterations (median of the "
+                  "slowest rank), %d warm-up\n",
+                  p, comm.topology().node_count(), std::string(flexpar::name_of(comm.transport().kind())).c_str(), iterations,
+                  warmup);
+      std::printf("# machine for `automatic`: alpha %.2f us, beta %.2f GB/s, gamma %.2f GB/s, copy %.2f GB/s\n#\n",
+                  machine.alpha * 1e6, 1e-9 / machine.beta, 1e-9 / machine.gamma, 1e-9 / machine.copy_beta);
+      std::printf("%12s %12s %5s %5s %-15s %-17s %11s %11s %11s %7s %8s\n", "size(B)", "count", "type", "redop", "collective",
+                  "algorithm", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "vs_mpi");
+    }
+    std::vector<float> buffer(max_bytes / sizeof(float) + static_cast<std::size_t>(p)), scratch(buffer.size());
+    for (collective c : ops) {
+      for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= static_cast<std::size_t>(factor)) {
+        // whole blocks of p elements, as nccl-tests rounds
+        const std::size_t count = std::max<std::size_t>(static_cast<std::size_t>(p), bytes / sizeof(float)) /
+                                  static_cast<std::size_t>(p) * static_cast<std::size_t>(p);
+        const double size = static_cast<double>(count * sizeof(float));
+        run_setup s{comm, c, count, buffer, scratch};
+        struct row {
+          std::string algorithm;
+          double time;
+          long long wrong;
+        };
+        std::vector<row> rows;
+        auto measure = [&](const std::string& label, auto&& op) {
+          fill(s);
+          const double t = time_median(comm.mpi_comm(), warmup, iterations, op);
+          long long wrong = 0;
+          if (check) {
+            fill(s);
+            op();
+            wrong = count_wrong(s);
+            check_mpi(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()), "MPI_Allreduce");
+          }
+          rows.push_back({label, t, wrong});
+        };
+        for (algorithm a : algorithms_for(c, asked, comm)) {
+          std::string label(flexpar::name_of(a));
+          if (a == algorithm::automatic && c == collective::allreduce)
+            label = "auto:" + std::string(flexpar::name_of(flexpar::choose_allreduce(comm, count * sizeof(float))));
+          measure(label, [&] { run_flexpar(s, a); });
+        }
+        measure("mpi", [&] { run_mpi(s); });
+        if (me == 0) {
+          const double mpi_busbw = size / rows.back().time * bus_factor(c, p);
+          for (const row& r : rows) {
+            const double algbw = size / r.time / 1e9, busbw = algbw * bus_factor(c, p);
+            char ratio[16] = "";
+            if (r.algorithm != "mpi") std::snprintf(ratio, sizeof ratio, "%.2fx", busbw * 1e9 / mpi_busbw);
+            std::printf("%12zu %12zu %5s %5s %-15s %-17s %11.1f %11.2f %11.2f %7lld %8s\n", count * sizeof(float), count, "f32",
+                        "sum", name_of(c).c_str(), r.algorithm.c_str(), r.time * 1e6, algbw, busbw, r.wrong, ratio);
+          }
+        }
+      }
+    }
+
+    // references of the same run
+    if (me == 0) std::printf("#\n# references: %12s %16s %16s %16s\n", "size(B)", "a+=b(GB/s)", "memcpy(GB/s)", "p2p 0->1(GB/s)");
+    for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= static_cast<std::size_t>(factor)) {
+      const double p2p = p2p_bandwidth(comm, bytes, std::max(3, iterations / 2));
+      if (me == 0) {
+        const auto [add, copy] = local_references(bytes, std::max(3, iterations / 2));
+        std::printf("# references: %12zu %16.2f %16.2f %16.2f\n", bytes, add / 1e9, copy / 1e9, p2p / 1e9);
+      }
+      check_mpi(MPI_Barrier(comm.mpi_comm()), "MPI_Barrier");
+    }
+    std::fflush(stdout);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flexpar_perf: %s\n", e.what());
+    exit_code = 1;
+  }
+  MPI_Finalize();
+  return exit_code;
+}

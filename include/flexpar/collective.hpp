@@ -1,0 +1,351 @@
+// flexpar/collective.hpp — the collectives: allreduce, reduce_scatter(_v), allgather(_v), broadcast,
+// reduce, alltoall, barrier.
+//
+// Every function here is collective over `comm`: every rank calls it, in the same order as its other
+// collectives on `comm`, with the same counts, op, root and algorithm (these are not checked across
+// ranks; a mismatch ends in a timeout_error or transport_error at the deadline, never in a write out
+// of bounds). Each function blocks until this rank's part is done, with comm.default_deadline().
+// Collectives use a private channel of `comm` (context.hpp): they never match user point-to-point
+// messages on comm.transport(). One thread at a time may call collectives on one communicator (the
+// engine's background thread, for instance); use one communicator per thread otherwise.
+//
+// Element types are the dtypes of core/dtype.hpp (half and bfloat16 reduce in float); counts are
+// std::size_t and may exceed 2^31. reduce_op::avg is a sum followed by one division by the number of
+// ranks. Each algorithm is a header of its own in flexpar/collective/, with its cost function;
+// `algorithm::automatic` picks by those costs (collective/automatic.hpp).
+//
+//   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+//   flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
+//   std::vector<float> grad = ...;
+//   flexpar::allreduce(comm, std::span(grad), flexpar::reduce_op::avg);
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <flexpar/collective/algorithm.hpp>
+#include <flexpar/collective/allgather_recursive_doubling.hpp>
+#include <flexpar/collective/allgather_ring.hpp>
+#include <flexpar/collective/allreduce_halving_doubling.hpp>
+#include <flexpar/collective/allreduce_hierarchical.hpp>
+#include <flexpar/collective/allreduce_ring.hpp>
+#include <flexpar/collective/allreduce_shared_memory.hpp>
+#include <flexpar/collective/alltoall_pairwise.hpp>
+#include <flexpar/collective/automatic.hpp>
+#include <flexpar/collective/barrier_dissemination.hpp>
+#include <flexpar/collective/broadcast_binomial_tree.hpp>
+#include <flexpar/collective/broadcast_chain.hpp>
+#include <flexpar/collective/context.hpp>
+#include <flexpar/collective/reduce_binomial_tree.hpp>
+#include <flexpar/collective/reduce_chain.hpp>
+#include <flexpar/collective/reduce_kernel.hpp>
+#include <flexpar/collective/reduce_scatter_ring.hpp>
+#include <flexpar/comm/communicator.hpp>
+
+namespace flexpar {
+
+namespace detail {
+
+inline std::string on_rank(const communicator& comm, std::string_view collective) {
+  return "[rank " + std::to_string(comm.rank()) + "] " + std::string(collective) + ": ";
+}
+
+[[noreturn]] inline void unsupported(const communicator& comm, std::string_view collective, algorithm a,
+                                     std::string_view offered) {
+  throw usage_error(on_rank(comm, collective) + "has no algorithm '" + std::string(name_of(a)) + "'; it offers " +
+                    std::string(offered));
+}
+
+inline void require(bool ok, const communicator& comm, std::string_view collective, const std::string& text) {
+  if (!ok) throw usage_error(on_rank(comm, collective) + text);
+}
+
+inline void check_root(const communicator& comm, std::string_view collective, int root) {
+  require(root >= 0 && root < comm.size(), comm, collective,
+          "root " + std::to_string(root) + " is outside the communicator of " + std::to_string(comm.size()) + " ranks");
+}
+
+inline block_layout checked_layout(const communicator& comm, std::string_view collective,
+                                   std::span<const std::size_t> counts) {
+  require(counts.size() == static_cast<std::size_t>(comm.size()), comm, collective,
+          "counts has " + std::to_string(counts.size()) + " entries; it needs one per rank (" +
+              std::to_string(comm.size()) + ")");
+  return block_layout::of_counts(counts);
+}
+
+template <class T>
+bool same_buffer(std::span<const T> a, std::span<T> b) {
+  return a.data() == b.data();
+}
+
+template <element T>
+void allreduce_in_place(communicator& comm, std::span<T> data, reduce_op op, algorithm a) {
+  if (a == algorithm::automatic) a = choose_allreduce(comm, data.size_bytes());
+  switch (a) {
+    case algorithm::ring: allreduce_ring(comm, data, op); break;
+    case algorithm::halving_doubling: allreduce_halving_doubling(comm, data, op); break;
+    case algorithm::hierarchical: allreduce_hierarchical(comm, data, op); break;
+    case algorithm::shared_memory: allreduce_shared_memory(comm, data, op); break;
+    default: unsupported(comm, "allreduce", a, "automatic, ring, halving_doubling, hierarchical, shared_memory");
+  }
+  if (op == reduce_op::avg) scale_for_average(data, comm.size());
+}
+
+template <element T>
+void reduce_scatter_in_place(communicator& comm, std::span<T> data, const block_layout& layout, reduce_op op,
+                             algorithm a, std::string_view name) {
+  require(data.size() == layout.total, comm, name,
+          "the buffer holds " + std::to_string(data.size()) + " elements but the counts add up to " +
+              std::to_string(layout.total));
+  if (a != algorithm::automatic && a != algorithm::ring) unsupported(comm, name, a, "automatic, ring");
+  call c = begin_call(comm);
+  ring_reduce_scatter(c, data, layout, op);
+  if (op == reduce_op::avg) scale_for_average(layout.of(data, comm.rank()), comm.size());
+}
+
+template <element T>
+void allgather_in_place(communicator& comm, std::span<T> data, const block_layout& layout, algorithm a,
+                        std::string_view name) {
+  require(data.size() == layout.total, comm, name,
+          "the buffer holds " + std::to_string(data.size()) + " elements but the counts add up to " +
+              std::to_string(layout.total));
+  if (a == algorithm::automatic) a = choose_allgather(comm, data.size_bytes());
+  call c = begin_call(comm);
+  switch (a) {
+    case algorithm::ring: ring_allgather(c, data, layout); break;
+    case algorithm::recursive_doubling: recursive_doubling_allgather(c, data, layout); break;
+    default: unsupported(comm, name, a, "automatic, ring, recursive_doubling");
+  }
+}
+
+template <element T>
+void reduce_into_acc(communicator& comm, std::span<T> acc, reduce_op op, int root, algorithm a) {
+  if (a == algorithm::automatic) a = choose_reduce(comm, acc.size_bytes());
+  call c = begin_call(comm);
+  switch (a) {
+    case algorithm::chain: chain_reduce(c, acc, op, root); break;
+    case algorithm::binomial_tree: binomial_tree_reduce(c, acc, op, root); break;
+    default: unsupported(comm, "reduce", a, "automatic, chain, binomial_tree");
+  }
+  if (op == reduce_op::avg && comm.rank() == root) scale_for_average(acc, comm.size());
+}
+
+}  // namespace detail
+
+// ---- allreduce ---------------------------------------------------------------------------------
+
+/// In place: every rank's `data` becomes the element-wise reduction of every rank's `data`.
+/// Algorithms: automatic, ring, halving_doubling, hierarchical, shared_memory.
+/// @post the results are bitwise identical on every rank.
+template <element T>
+void allreduce(communicator& comm, std::span<T> data, reduce_op op, algorithm a = algorithm::automatic) {
+  detail::allreduce_in_place(comm, data, op, a);
+}
+
+/// Out of place: `out` receives the reduction of every rank's `in`; `in` is not changed.
+/// @pre in.size() == out.size(); in and out are the same buffer or do not overlap.
+template <element T>
+void allreduce(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, reduce_op op,
+               algorithm a = algorithm::automatic) {
+  detail::require(in.size() == out.size(), comm, "allreduce",
+                  "input of " + std::to_string(in.size()) + " and output of " + std::to_string(out.size()) +
+                      " elements; they must have the same length");
+  if (!detail::same_buffer(in, out)) std::copy(in.begin(), in.end(), out.begin());
+  detail::allreduce_in_place(comm, out, op, a);
+}
+
+/// Type-erased allreduce of `count` elements of `type` (in == out for in place).
+inline void allreduce(communicator& comm, dtype type, const void* in, void* out, std::size_t count, reduce_op op,
+                      algorithm a = algorithm::automatic) {
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    allreduce(comm, std::span<const T>(static_cast<const T*>(in), count), std::span<T>(static_cast<T*>(out), count), op, a);
+  });
+}
+
+// ---- reduce_scatter ----------------------------------------------------------------------------
+
+/// Out of place: `in` holds p blocks of out.size() elements; `out` receives block `rank` reduced
+/// over every rank. Algorithms: automatic, ring.
+template <element T>
+void reduce_scatter(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, reduce_op op,
+                    algorithm a = algorithm::automatic) {
+  std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), out.size());
+  const block_layout layout = block_layout::of_counts(counts);
+  detail::require(in.size() == layout.total, comm, "reduce_scatter",
+                  "input of " + std::to_string(in.size()) + " elements; it needs ranks * output = " +
+                      std::to_string(layout.total));
+  auto work = detail::scratch<T>(in.size());
+  std::copy(in.begin(), in.end(), work.get());
+  detail::reduce_scatter_in_place(comm, std::span<T>(work.get(), in.size()), layout, op, a, "reduce_scatter");
+  std::copy_n(work.get() + layout.displ(comm.rank()), out.size(), out.begin());
+}
+
+/// In place: `data` holds p equal blocks; returns block `rank` of `data`, reduced over every rank.
+/// The other blocks are left holding partial results.
+template <element T>
+std::span<T> reduce_scatter(communicator& comm, std::span<T> data, reduce_op op, algorithm a = algorithm::automatic) {
+  const auto p = static_cast<std::size_t>(comm.size());
+  detail::require(data.size() % p == 0, comm, "reduce_scatter",
+                  std::to_string(data.size()) + " elements do not split into " + std::to_string(p) + " equal blocks");
+  const block_layout layout = block_layout::even(data.size(), comm.size());
+  detail::reduce_scatter_in_place(comm, data, layout, op, a, "reduce_scatter");
+  return layout.of(data, comm.rank());
+}
+
+/// Out of place, uneven: `in` holds blocks of counts[0], counts[1], ... elements; `out`
+/// (counts[rank] elements) receives block `rank` reduced over every rank.
+template <element T>
+void reduce_scatter_v(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, std::span<const std::size_t> counts,
+                      reduce_op op, algorithm a = algorithm::automatic) {
+  const block_layout layout = detail::checked_layout(comm, "reduce_scatter_v", counts);
+  detail::require(out.size() == layout.count(comm.rank()), comm, "reduce_scatter_v",
+                  "output of " + std::to_string(out.size()) + " elements; counts[rank] is " +
+                      std::to_string(layout.count(comm.rank())));
+  detail::require(in.size() == layout.total, comm, "reduce_scatter_v",
+                  "input of " + std::to_string(in.size()) + " elements; the counts add up to " +
+                      std::to_string(layout.total));
+  auto work = detail::scratch<T>(in.size());
+  std::copy(in.begin(), in.end(), work.get());
+  detail::reduce_scatter_in_place(comm, std::span<T>(work.get(), in.size()), layout, op, a, "reduce_scatter_v");
+  std::copy_n(work.get() + layout.displ(comm.rank()), out.size(), out.begin());
+}
+
+/// In place, uneven: returns block `rank` of `data` (at counts[0] + .. + counts[rank-1]), reduced.
+template <element T>
+std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<const std::size_t> counts,
+                              reduce_op op, algorithm a = algorithm::automatic) {
+  const block_layout layout = detail::checked_layout(comm, "reduce_scatter_v", counts);
+  detail::reduce_scatter_in_place(comm, data, layout, op, a, "reduce_scatter_v");
+  return layout.of(data, comm.rank());
+}
+
+// ---- allgather ---------------------------------------------------------------------------------
+
+/// Out of place: `out` (p * in.size() elements) receives every rank's `in`, in rank order.
+/// Algorithms: automatic, ring, recursive_doubling.
+template <element T>
+void allgather(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, algorithm a = algorithm::automatic) {
+  std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), in.size());
+  const block_layout layout = block_layout::of_counts(counts);
+  detail::require(out.size() == layout.total, comm, "allgather",
+                  "output of " + std::to_string(out.size()) + " elements; it needs ranks * input = " +
+                      std::to_string(layout.total));
+  std::copy(in.begin(), in.end(), layout.of(out, comm.rank()).begin());
+  detail::allgather_in_place(comm, out, layout, a, "allgather");
+}
+
+/// In place: `data` holds p equal blocks, block `rank` already mine; afterwards every block is filled.
+template <element T>
+void allgather(communicator& comm, std::span<T> data, algorithm a = algorithm::automatic) {
+  const auto p = static_cast<std::size_t>(comm.size());
+  detail::require(data.size() % p == 0, comm, "allgather",
+                  std::to_string(data.size()) + " elements do not split into " + std::to_string(p) + " equal blocks");
+  detail::allgather_in_place(comm, data, block_layout::even(data.size(), comm.size()), a, "allgather");
+}
+
+/// Out of place, uneven: rank i contributes counts[i] elements (in.size() == counts[rank]).
+template <element T>
+void allgather_v(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, std::span<const std::size_t> counts,
+                 algorithm a = algorithm::automatic) {
+  const block_layout layout = detail::checked_layout(comm, "allgather_v", counts);
+  detail::require(in.size() == layout.count(comm.rank()), comm, "allgather_v",
+                  "input of " + std::to_string(in.size()) + " elements; counts[rank] is " +
+                      std::to_string(layout.count(comm.rank())));
+  detail::require(out.size() == layout.total, comm, "allgather_v",
+                  "output of " + std::to_string(out.size()) + " elements; the counts add up to " +
+                      std::to_string(layout.total));
+  std::copy(in.begin(), in.end(), layout.of(out, comm.rank()).begin());
+  detail::allgather_in_place(comm, out, layout, a, "allgather_v");
+}
+
+/// In place, uneven: block `rank` (at counts[0] + .. + counts[rank-1]) is already mine.
+template <element T>
+void allgather_v(communicator& comm, std::span<T> data, std::span<const std::size_t> counts,
+                 algorithm a = algorithm::automatic) {
+  detail::allgather_in_place(comm, data, detail::checked_layout(comm, "allgather_v", counts), a, "allgather_v");
+}
+
+// ---- broadcast, reduce -------------------------------------------------------------------------
+
+/// `data` of `root` is copied into `data` of every rank. Algorithms: automatic, chain, binomial_tree.
+template <element T>
+void broadcast(communicator& comm, std::span<T> data, int root, algorithm a = algorithm::automatic) {
+  detail::check_root(comm, "broadcast", root);
+  if (a == algorithm::automatic) a = choose_broadcast(comm, data.size_bytes());
+  detail::call c = detail::begin_call(comm);
+  switch (a) {
+    case algorithm::chain: detail::chain_broadcast(c, data, root); break;
+    case algorithm::binomial_tree: detail::binomial_tree_broadcast(c, data, root); break;
+    default: detail::unsupported(comm, "broadcast", a, "automatic, chain, binomial_tree");
+  }
+}
+
+/// Out of place: `out` of `root` receives the reduction of every rank's `in`; `out` is not used on
+/// other ranks (it may be empty there). Algorithms: automatic, chain, binomial_tree.
+template <element T>
+void reduce(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, reduce_op op, int root,
+            algorithm a = algorithm::automatic) {
+  detail::check_root(comm, "reduce", root);
+  if (comm.rank() == root) {
+    detail::require(out.size() == in.size(), comm, "reduce",
+                    "the root's output has " + std::to_string(out.size()) + " elements, the input " +
+                        std::to_string(in.size()));
+    if (!detail::same_buffer(in, out)) std::copy(in.begin(), in.end(), out.begin());
+    detail::reduce_into_acc(comm, out, op, root, a);
+  } else {
+    auto acc = detail::scratch<T>(in.size());
+    std::copy(in.begin(), in.end(), acc.get());
+    detail::reduce_into_acc(comm, std::span<T>(acc.get(), in.size()), op, root, a);
+  }
+}
+
+/// In place: `data` of `root` becomes the reduction of every rank's `data`; other ranks' `data` is
+/// left unchanged.
+template <element T>
+void reduce(communicator& comm, std::span<T> data, reduce_op op, int root, algorithm a = algorithm::automatic) {
+  reduce(comm, std::span<const T>(data), data, op, root, a);
+}
+
+// ---- alltoall, barrier -------------------------------------------------------------------------
+
+/// `in` and `out` hold p blocks of in.size() / p elements: block j of `in` is sent to rank j, block i
+/// of `out` comes from rank i. Algorithms: automatic, pairwise.
+/// @pre in.size() == out.size(), a multiple of p; in and out are the same buffer or do not overlap.
+template <element T>
+void alltoall(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, algorithm a = algorithm::automatic) {
+  const auto p = static_cast<std::size_t>(comm.size());
+  detail::require(in.size() == out.size() && in.size() % p == 0, comm, "alltoall",
+                  "input of " + std::to_string(in.size()) + " and output of " + std::to_string(out.size()) +
+                      " elements; both need the same multiple of the " + std::to_string(p) + " ranks");
+  if (a != algorithm::automatic && a != algorithm::pairwise) detail::unsupported(comm, "alltoall", a, "automatic, pairwise");
+  detail::call c = detail::begin_call(comm);
+  if (detail::same_buffer(in, out)) {
+    auto copy = detail::scratch<T>(in.size());
+    std::copy(in.begin(), in.end(), copy.get());
+    detail::pairwise_alltoall(c, std::span<const T>(copy.get(), in.size()), out, in.size() / p);
+  } else {
+    detail::pairwise_alltoall(c, in, out, in.size() / p);
+  }
+}
+
+/// In place alltoall.
+template <element T>
+void alltoall(communicator& comm, std::span<T> data, algorithm a = algorithm::automatic) {
+  alltoall(comm, std::span<const T>(data), data, a);
+}
+
+/// Returns once every rank of `comm` has entered the barrier. Algorithms: automatic, dissemination.
+inline void barrier(communicator& comm, algorithm a = algorithm::automatic) {
+  if (a != algorithm::automatic && a != algorithm::dissemination)
+    detail::unsupported(comm, "barrier", a, "automatic, dissemination");
+  detail::call c = detail::begin_call(comm);
+  detail::dissemination_barrier(c);
+}
+
+}  // namespace flexpar

@@ -1,0 +1,38 @@
+// flexpar/collective/alltoall_pairwise.hpp — alltoall by pairwise exchange.
+//
+// Step 0: my own block is copied locally. Step s = 1 .. p-1: send block (r+s) to rank r+s and receive
+// block (r-s) from rank r-s. One partner per step keeps every rank sending and receiving exactly one
+// message at a time (no incast).
+#pragma once
+
+#include <algorithm>
+
+#include <flexpar/collective/context.hpp>
+
+namespace flexpar {
+
+/// p-1 steps, each moving one block (bytes/p of the send buffer).
+constexpr cost alltoall_pairwise_cost(int p, double bytes) noexcept {
+  return {static_cast<double>(p - 1), (p - 1) * bytes / p, 0.0};
+}
+
+namespace detail {
+
+/// `in` and `out` hold p blocks of `count` elements; block j of `in` goes to rank j, block i of
+/// `out` comes from rank i. @pre in and out do not overlap.
+template <element T>
+void pairwise_alltoall(call& c, std::span<const T> in, std::span<T> out, std::size_t count) {
+  const int p = c.size, r = c.rank;
+  auto block = [&](auto span, int b) { return span.subspan(static_cast<std::size_t>(b) * count, count); };
+  std::copy_n(block(in, r).begin(), count, block(out, r).begin());  // step 0
+  for (int step = 1; step < p; ++step) {
+    const int to = modulo(r + step, p), from = modulo(r - step, p);
+    request incoming = c.t.irecv(from, c.tag, writable_bytes_of(block(out, from)));
+    request outgoing = c.t.isend(to, c.tag, std::as_bytes(block(in, to)));
+    incoming.wait(c.until);
+    outgoing.wait(c.until);
+  }
+}
+
+}  // namespace detail
+}  // namespace flexpar

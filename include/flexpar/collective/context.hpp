@@ -1,0 +1,139 @@
+// flexpar/collective/context.hpp — what the collective layer keeps per communicator, and the small
+// vocabulary (block layouts, chunks, typed byte views) that every algorithm script is written in.
+//
+// Tags. Collectives never share a tag space with user point-to-point traffic: on first use the
+// context splits the communicator's transport into a private `channel` (a transport split never
+// matches messages of its parent). On that channel every collective call takes the next number of a
+// per-communicator sequence, modulo the transport's max_tag() (MPICH here: MPI_TAG_UB = 2^28 - 1),
+// as its one tag. Collectives are called in the same order on every rank (MPI's rule), so the
+// numbers agree; inside one call, messages between one pair of ranks are posted in the same order on
+// both sides, which the transport's per-(peer, tag) FIFO matching relies on.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <flexpar/collective/cost.hpp>
+#include <flexpar/collective/shared_memory_segment.hpp>
+#include <flexpar/comm/communicator.hpp>
+#include <flexpar/core/dtype.hpp>
+
+namespace flexpar {
+
+/// Bytes per message of the pipelined algorithms (ring, chain): large enough to reach the link's
+/// bandwidth, small enough that sending, receiving and reducing of consecutive chunks overlap.
+inline constexpr std::size_t pipeline_chunk_bytes = std::size_t{1} << 19;
+
+/// Counts and offsets of p consecutive blocks of one buffer.
+struct block_layout {
+  std::vector<std::size_t> counts;
+  std::vector<std::size_t> displs;
+  std::size_t total = 0;
+
+  /// n elements in p blocks as equal as can be: the first n % p blocks have one more.
+  static block_layout even(std::size_t n, int p) {
+    const auto parts = static_cast<std::size_t>(p);
+    std::vector<std::size_t> counts(parts, n / parts);
+    for (std::size_t i = 0; i < n % parts; ++i) ++counts[i];
+    return of_counts(counts);
+  }
+  /// Blocks of the given sizes, back to back.
+  static block_layout of_counts(std::span<const std::size_t> sizes) {
+    block_layout b;
+    b.counts.assign(sizes.begin(), sizes.end());
+    b.displs.resize(sizes.size());
+    std::exclusive_scan(sizes.begin(), sizes.end(), b.displs.begin(), std::size_t{0});
+    b.total = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
+    return b;
+  }
+  [[nodiscard]] std::size_t count(int block) const { return counts[static_cast<std::size_t>(block)]; }
+  [[nodiscard]] std::size_t displ(int block) const { return displs[static_cast<std::size_t>(block)]; }
+  [[nodiscard]] std::size_t max_count() const { return counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end()); }
+  template <class T>
+  [[nodiscard]] std::span<T> of(std::span<T> data, int block) const { return data.subspan(displ(block), count(block)); }
+};
+
+namespace detail {
+
+struct collective_context {
+  std::unique_ptr<flexpar::transport> channel;  // private split of the communicator's transport
+  std::uint64_t sequence = 0;                   // collectives started on this communicator
+
+  // shared-memory path (one node): created on its first use, nullptr if some rank could not map it
+  bool shm_tried = false;
+  std::unique_ptr<shared_memory_segment> shm;
+  std::uint64_t shm_rounds = 0;  // rounds completed through the segment (its flags count these)
+
+  // hierarchical path: my node's ranks, and the ranks with my local rank on every node
+  std::unique_ptr<communicator> node;
+  std::unique_ptr<communicator> across;
+
+  std::optional<cost_params> machine;  // what `automatic` evaluates costs with
+  // the last choice of allreduce(automatic): repeated calls of one size (a training loop) skip the costs
+  std::size_t last_allreduce_bytes = ~std::size_t{0};
+  int last_allreduce_choice = -1;
+
+  [[nodiscard]] tag_t next_tag() { return static_cast<tag_t>(sequence++ % channel->max_tag()); }
+};
+
+/// The context of `comm`, built on the first collective call (which is collective anyway).
+inline collective_context& context_of(communicator& comm) {
+  auto& state = comm.collective_state();
+  if (!state) {
+    auto fresh = std::make_shared<collective_context>();
+    fresh->channel = comm.transport().split(0, comm.rank());
+    state = std::move(fresh);
+  }
+  return *state;
+}
+
+/// A buffer cut into chunks of at most `chunk` elements: chunk c covers [c*chunk, c*chunk + size(c)).
+struct chunking {
+  std::size_t elements;
+  std::size_t chunk;
+  [[nodiscard]] std::size_t count() const noexcept { return (elements + chunk - 1) / chunk; }
+  [[nodiscard]] std::size_t offset(std::size_t c) const noexcept { return c * chunk; }
+  [[nodiscard]] std::size_t size(std::size_t c) const noexcept { return std::min(chunk, elements - c * chunk); }
+  template <class T>
+  [[nodiscard]] std::span<T> of(std::span<T> data, std::size_t c) const { return data.subspan(offset(c), size(c)); }
+};
+
+template <class T>
+chunking pipeline_chunks(std::size_t elements) {
+  return {elements, std::max<std::size_t>(1, pipeline_chunk_bytes / sizeof(T))};
+}
+
+template <class T>
+std::span<const std::byte> bytes_of(std::span<T> s) noexcept { return std::as_bytes(s); }
+template <class T>
+std::span<std::byte> writable_bytes_of(std::span<T> s) noexcept { return std::as_writable_bytes(s); }
+
+constexpr int modulo(long a, int p) noexcept { return static_cast<int>(((a % p) + p) % p); }
+
+/// Scratch space of n elements, left uninitialised.
+template <element T>
+std::unique_ptr<T[]> scratch(std::size_t n) { return std::make_unique_for_overwrite<T[]>(n); }
+
+/// The common preamble of a collective call: its channel, tag and deadline.
+struct call {
+  flexpar::transport& t;
+  tag_t tag;
+  deadline until;
+  int rank;
+  int size;
+};
+
+inline call begin_call(communicator& comm) {
+  collective_context& ctx = context_of(comm);
+  return call{*ctx.channel, ctx.next_tag(), comm.default_deadline(), comm.rank(), comm.size()};
+}
+
+}  // namespace detail
+}  // namespace flexpar

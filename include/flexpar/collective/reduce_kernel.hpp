@@ -1,0 +1,249 @@
+// flexpar/collective/reduce_kernel.hpp — the local reductions every collective ends in.
+//
+//   reduce_into(dst, src, op)      dst[i] = dst[i] (op) src[i]
+//   reduce_into(dst, a, b, op)     dst[i] = a[i] (op) b[i]       (dst must not overlap a or b)
+//   scale_for_average(data, p)     data[i] = data[i] / p          (the end of reduce_op::avg)
+//
+// The op is dispatched once per call, outside the loop, so that each loop is a plain element-wise
+// expression over restrict pointers that the compiler vectorizes. half and bfloat16 are widened to
+// float and rounded back once per call (accumulate_t), as NCCL does, a block of 256 elements at a
+// time: with AVX2 (bfloat16) and F16C (half) instructions where the CPU has them (checked once at
+// run time), with scalar conversions otherwise.
+// Both give the same bits as core's conversions (NaN payloads aside).
+#pragma once
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include <flexpar/core/dtype.hpp>
+#include <flexpar/core/error.hpp>
+#include <flexpar/core/reduce_op.hpp>
+
+namespace flexpar {
+
+namespace detail {
+
+template <element T>
+constexpr accumulate_t<T> widen(T v) noexcept {
+  if constexpr (std::is_same_v<T, accumulate_t<T>>)
+    return v;
+  else
+    return static_cast<accumulate_t<T>>(v);
+}
+
+template <element T>
+constexpr T narrow(accumulate_t<T> v) noexcept {
+  if constexpr (std::is_same_v<T, accumulate_t<T>>)
+    return v;
+  else
+    return T(v);
+}
+
+struct op_sum {
+  template <class A> constexpr A operator()(A a, A b) const noexcept { return static_cast<A>(a + b); }
+};
+struct op_prod {
+  template <class A> constexpr A operator()(A a, A b) const noexcept { return static_cast<A>(a * b); }
+};
+struct op_min {
+  template <class A> constexpr A operator()(A a, A b) const noexcept { return b < a ? b : a; }
+};
+struct op_max {
+  template <class A> constexpr A operator()(A a, A b) const noexcept { return a < b ? b : a; }
+};
+
+/// Calls `f(op_functor)` for a run-time reduce_op (avg combines as sum).
+template <class F>
+decltype(auto) visit_op(reduce_op op, F&& f) {
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::avg: return f(op_sum{});
+    case reduce_op::prod: return f(op_prod{});
+    case reduce_op::min: return f(op_min{});
+    case reduce_op::max: return f(op_max{});
+  }
+  return f(op_sum{});  // unreachable for valid enumerators
+}
+
+template <element T, class Op>
+void reduce_loop(T* __restrict dst, const T* __restrict src, std::size_t n, Op op) noexcept {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = narrow<T>(op(widen(dst[i]), widen(src[i])));
+}
+
+template <element T, class Op>
+void reduce_loop(T* __restrict dst, const T* __restrict a, const T* __restrict b, std::size_t n, Op op) noexcept {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = narrow<T>(op(widen(a[i]), widen(b[i])));
+}
+
+// ---- half and bfloat16: widen a block to float, reduce in float, round back ----------------------
+
+constexpr std::size_t widen_block = 256;
+
+inline void widen_scalar(const bfloat16* in, float* out, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(in[i].bits) << 16);
+}
+inline void narrow_scalar(const float* in, bfloat16* out, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto f = std::bit_cast<std::uint32_t>(in[i]);
+    const std::uint32_t rounded = (f + 0x7fffu + ((f >> 16) & 1u)) >> 16;
+    const std::uint32_t quiet_nan = (f >> 16) | 0x40u;
+    out[i].bits = static_cast<std::uint16_t>((f & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+}
+
+#if defined(__x86_64__)
+inline bool cpu_has_avx2() noexcept {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+__attribute__((target("avx2"))) inline void widen_avx2(const bfloat16* in, float* out, std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+    _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+  }
+  widen_scalar(in + i, out + i, n - i);
+}
+__attribute__((target("avx2"))) inline void narrow_avx2(const float* in, bfloat16* out, std::size_t n) noexcept {
+  std::size_t i = 0;
+  const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff), abs_mask = _mm256_set1_epi32(0x7fffffff),
+                infinity = _mm256_set1_epi32(0x7f800000), quiet = _mm256_set1_epi32(0x40);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i f = _mm256_castps_si256(_mm256_loadu_ps(in + i));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(f, 16), one);
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(f, bias), lsb), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(f, abs_mask), infinity);
+    const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(f, 16), quiet);
+    const __m256i bits = _mm256_blendv_epi8(rounded, quiet_nan, nan);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(packed));
+  }
+  narrow_scalar(in + i, out + i, n - i);
+}
+#endif
+
+inline void widen_block_of(const bfloat16* in, float* out, std::size_t n) noexcept {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return widen_avx2(in, out, n);
+#endif
+  widen_scalar(in, out, n);
+}
+inline void narrow_block_of(const float* in, bfloat16* out, std::size_t n) noexcept {
+#if defined(__x86_64__)
+  if (cpu_has_avx2()) return narrow_avx2(in, out, n);
+#endif
+  narrow_scalar(in, out, n);
+}
+
+#if defined(__x86_64__)
+inline bool cpu_has_f16c() noexcept {
+  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return has;
+}
+__attribute__((target("avx,f16c"))) inline void widen_f16c(const half* in, float* out, std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  for (; i < n; ++i) out[i] = static_cast<float>(in[i]);
+}
+__attribute__((target("avx,f16c"))) inline void narrow_f16c(const float* in, half* out, std::size_t n) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) out[i] = half(in[i]);
+}
+#endif
+
+inline void widen_block_of(const half* in, float* out, std::size_t n) noexcept {
+#if defined(__x86_64__)
+  if (cpu_has_f16c()) return widen_f16c(in, out, n);
+#endif
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]);
+}
+inline void narrow_block_of(const float* in, half* out, std::size_t n) noexcept {
+#if defined(__x86_64__)
+  if (cpu_has_f16c()) return narrow_f16c(in, out, n);
+#endif
+  for (std::size_t i = 0; i < n; ++i) out[i] = half(in[i]);
+}
+
+template <class T>
+concept sixteen_bit_float = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+/// dst = a (op) b through float blocks; dst may be a (the two-operand form).
+template <sixteen_bit_float T, class Op>
+void reduce_loop_widened(T* dst, const T* a, const T* b, std::size_t n, Op op) noexcept {
+  alignas(64) float fa[widen_block];
+  alignas(64) float fb[widen_block];
+  for (std::size_t i = 0; i < n; i += widen_block) {
+    const std::size_t m = std::min(widen_block, n - i);
+    widen_block_of(a + i, fa, m);
+    widen_block_of(b + i, fb, m);
+    reduce_loop(fa, fb, m, op);
+    narrow_block_of(fa, dst + i, m);
+  }
+}
+
+/// The kernels' single entry: dst = a (op) b, dst == a allowed.
+template <element T, class Op>
+void reduce_elements(T* dst, const T* a, const T* b, std::size_t n, Op op) noexcept {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)
+    reduce_loop_widened(dst, a, b, n, op);
+  else if (dst == a)
+    reduce_loop(dst, b, n, op);
+  else
+    reduce_loop(dst, a, b, n, op);
+}
+
+inline void check_same_length(std::string_view what, std::size_t a, std::size_t b) {
+  if (a != b)
+    throw usage_error(std::string(what) + ": spans of " + std::to_string(a) + " and " + std::to_string(b) +
+                      " elements; they must have the same length");
+}
+
+}  // namespace detail
+
+/// dst[i] = dst[i] (op) src[i]; avg combines as sum (scale once at the end with scale_for_average).
+/// @pre dst.size() == src.size() (usage_error otherwise); dst and src do not overlap.
+template <element T>
+void reduce_into(std::span<T> dst, std::span<const T> src, reduce_op op) {
+  detail::check_same_length("reduce_into", dst.size(), src.size());
+  detail::visit_op(op, [&](auto f) { detail::reduce_elements(dst.data(), dst.data(), src.data(), dst.size(), f); });
+}
+
+/// dst[i] = a[i] (op) b[i].
+/// @pre the three spans have one length; dst overlaps neither a nor b.
+template <element T>
+void reduce_into(std::span<T> dst, std::span<const T> a, std::span<const T> b, reduce_op op) {
+  detail::check_same_length("reduce_into", dst.size(), a.size());
+  detail::check_same_length("reduce_into", dst.size(), b.size());
+  detail::visit_op(op, [&](auto f) { detail::reduce_elements(dst.data(), a.data(), b.data(), dst.size(), f); });
+}
+
+/// data[i] = data[i] / ranks, computed in accumulate_t<T> (integer division for integer types):
+/// what turns the sum of reduce_op::avg into the average.
+template <element T>
+void scale_for_average(std::span<T> data, int ranks) {
+  if (ranks <= 1) return;
+  using A = accumulate_t<T>;
+  const A divisor = static_cast<A>(ranks);
+  for (T& v : data) v = detail::narrow<T>(static_cast<A>(detail::widen(v) / divisor));
+}
+
+/// Type-erased reduce_into for code that holds a dtype and raw bytes (engine, fusion buffers).
+inline void reduce_into(dtype t, void* dst, const void* src, std::size_t count, reduce_op op) {
+  visit_dtype(t, [&](auto zero) {
+    using T = decltype(zero);
+    reduce_into(std::span<T>(static_cast<T*>(dst), count), std::span<const T>(static_cast<const T*>(src), count), op);
+  });
+}
+
+}  // namespace flexpar

@@ -1,0 +1,110 @@
+// flexpar/compress/onebit.hpp — 1-bit sign compression with error feedback (1-bit SGD / 1-bit Adam).
+//
+// Per chunk of `chunk` floats: [float scale][ceil(chunk / 8) bytes of signs], scale = mean |v| of
+// the chunk, where v = x + residual (the error left over from the previous steps). Decoding gives
+// +-scale. The compressor keeps the residual of its tensor: residual' = v - decode(encode(v)), so
+//
+//   sum over steps of what was sent  =  sum over steps of x  -  residual after the last step,
+//
+// i.e. nothing is lost, only delayed: the transmitted sum tracks the true sum within the current
+// residual (tested). About 32x fewer bytes than f32. Non-finite input throws usage_error.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <flexpar/core/error.hpp>
+
+namespace flexpar::compress {
+
+class onebit {
+ public:
+  /// A compressor for one tensor of `count` floats (it owns that tensor's residual).
+  explicit onebit(std::size_t count, std::size_t chunk = 2048) : chunk_(chunk), residual_(count, 0.0f) {
+    if (chunk == 0) throw usage_error("onebit: chunk must be positive");
+  }
+
+  [[nodiscard]] std::size_t count() const noexcept { return residual_.size(); }
+  [[nodiscard]] std::size_t chunk() const noexcept { return chunk_; }
+
+  /// Bytes that encode() writes for `n` floats.
+  [[nodiscard]] std::size_t encoded_size(std::size_t n) const noexcept {
+    const std::size_t chunks = (n + chunk_ - 1) / chunk_;
+    return chunks * sizeof(float) + (n / chunk_) * ((chunk_ + 7) / 8) + ((n % chunk_) + 7) / 8;
+  }
+
+  /// Encodes x + residual into `out` and keeps the new residual.
+  void encode(std::span<const float> x, std::span<std::byte> out) {
+    if (x.size() != residual_.size())
+      throw usage_error("onebit::encode: " + std::to_string(x.size()) + " values for a compressor of " +
+                        std::to_string(residual_.size()));
+    if (out.size() < encoded_size(x.size()))
+      throw usage_error("onebit::encode: buffer of " + std::to_string(out.size()) + " bytes, needs " +
+                        std::to_string(encoded_size(x.size())));
+    // One read-only pass first: x * 0 is NaN exactly for NaN and Inf, so a bad input is refused
+    // before the residual changes.
+    float probe = 0.0f;
+    for (float v : x) probe += v * 0.0f;
+    if (std::isnan(probe)) throw_non_finite(x);
+    std::byte* o = out.data();
+    for (std::size_t begin = 0; begin < x.size(); begin += chunk_) {
+      const std::size_t n = std::min(chunk_, x.size() - begin);
+      float* r = residual_.data() + begin;
+      const float* xs = x.data() + begin;
+      double total = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        r[i] += xs[i];  // v = x + residual, kept in place
+        total += std::abs(r[i]);
+      }
+      const float scale = static_cast<float>(total / static_cast<double>(n));
+      std::memcpy(o, &scale, sizeof scale);
+      auto* bits = reinterpret_cast<std::uint8_t*>(o + sizeof scale);
+      std::memset(bits, 0, (n + 7) / 8);
+      for (std::size_t i = 0; i < n; ++i) {
+        const bool negative = r[i] < 0;
+        bits[i / 8] |= static_cast<std::uint8_t>(negative) << (i % 8);
+        r[i] -= negative ? -scale : scale;  // what was not sent stays for the next step
+      }
+      o += sizeof scale + (n + 7) / 8;
+    }
+  }
+
+  /// Decodes `in` into `out` (+-scale per element).
+  void decode(std::span<const std::byte> in, std::span<float> out) const {
+    if (in.size() < encoded_size(out.size()))
+      throw usage_error("onebit::decode: buffer of " + std::to_string(in.size()) + " bytes, needs " +
+                        std::to_string(encoded_size(out.size())));
+    const std::byte* p = in.data();
+    for (std::size_t begin = 0; begin < out.size(); begin += chunk_) {
+      const std::size_t n = std::min(chunk_, out.size() - begin);
+      float scale;
+      std::memcpy(&scale, p, sizeof scale);
+      const auto* bits = reinterpret_cast<const std::uint8_t*>(p + sizeof scale);
+      for (std::size_t i = 0; i < n; ++i) out[begin + i] = (bits[i / 8] >> (i % 8)) & 1u ? -scale : scale;
+      p += sizeof scale + (n + 7) / 8;
+    }
+  }
+
+  /// The error not yet sent.
+  [[nodiscard]] std::span<const float> residual() const noexcept { return residual_; }
+  void reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }
+
+ private:
+  [[noreturn]] static void throw_non_finite(std::span<const float> x) {
+    std::size_t i = 0;
+    while (std::isfinite(x[i])) ++i;
+    throw usage_error("onebit::encode: element " + std::to_string(i) + " is " + std::to_string(x[i]) +
+                      "; 1-bit compression needs finite values");
+  }
+
+  std::size_t chunk_;
+  std::vector<float> residual_;
+};
+
+}  // namespace flexpar::compress

@@ -1,0 +1,189 @@
+// flexpar/engine/engine.hpp — asynchronous, negotiated, fused collectives (Horovod's core, without
+// its global state and its silent hangs).
+//
+// The user owns an `engine` built on a communicator; any thread submits named tensors
+// (`allreduce_async("fc1.grad", grad, reduce_op::avg)`) and gets a `handle`. Ranks may submit the
+// same tensors in different orders and at different times: a background thread negotiates which
+// tensors every rank has submitted, checks that they agree, fuses small allreduces, and runs them
+// in one order on every rank.
+//
+// ## The coordinator protocol (rank 0 coordinates; one round per cycle)
+//  1. Every cycle (`config::cycle_time`), each rank's background thread takes the tensors submitted
+//     since the last cycle and sends the coordinator one report: for each new tensor either its
+//     response-cache slot (a number: "I have the tensor you already know as slot k") or its full
+//     description (name, collective, dtype, count, op, root); plus "I have joined" and "I am
+//     shutting down" flags. An empty report is still sent: the ranks stay in step.
+//  2. The coordinator adds the reports to its table of tensors (name → which ranks have it and
+//     with which description). A joined rank counts as having every tensor.
+//  3. For each tensor that every rank now has, in the order they became complete, the coordinator
+//     compares the descriptions: if they agree, the response is "run it" (by cache slot when every
+//     rank reported the slot); otherwise "mismatch", with a text naming the tensor, the field and
+//     which ranks hold which value. Tensors some ranks have had for longer than
+//     `stall_warning` are logged with the ranks missing; after `stall_shutdown` they get the
+//     response "timeout".
+//  4. The coordinator sends every rank the same response list (and "all joined", "all shut down").
+//  5. Every rank runs the responses in list order: consecutive allreduces of one dtype and op are
+//     packed into the fusion buffer (up to `fusion_threshold` bytes), reduced with one collective,
+//     and unpacked; the others run one by one. Handles complete (callbacks run on the background
+//     thread); errors complete the handle of that tensor on every rank that submitted it.
+//  6. Every rank enters each newly run description into its response cache at the same slot
+//     (slots are given in response order, so every cache agrees without a message).
+// A rank that reaches no coordinator (or a coordinator that misses a rank's report) before
+// `config::timeout` fails every pending handle with the timeout and refuses new work.
+//
+// Cost per cycle: one small message to and from the coordinator per rank (2 latencies); in steady
+// state a report is a list of slot numbers, 4 bytes per tensor.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <flexpar/comm/communicator.hpp>
+#include <flexpar/core/config.hpp>
+#include <flexpar/core/dtype.hpp>
+#include <flexpar/core/error.hpp>
+#include <flexpar/core/reduce_op.hpp>
+
+namespace flexpar {
+
+/// The collectives the engine runs.
+enum class collective_kind : unsigned char { allreduce, allgather, broadcast, reduce_scatter, alltoall };
+
+std::string_view name_of(collective_kind kind) noexcept;
+
+namespace detail {
+class engine_core;
+struct engine_entry;
+}  // namespace detail
+
+/// The completion of one submitted tensor. Copyable (shared state); `wait()` may be called from
+/// any thread, any number of times.
+class handle {
+ public:
+  handle() = default;
+
+  /// True once the collective finished (successfully or not). Never blocks.
+  [[nodiscard]] bool test() const;
+  /// Blocks until finished. @throws the error the collective ended with (mismatch_error,
+  /// timeout_error, usage_error, transport_error, ...); timeout_error at `until` if still running.
+  void wait(deadline until) const;
+  /// wait() with the engine's config::timeout.
+  void wait() const;
+  /// For allgather: elements received (the sum over ranks of their counts); otherwise the count.
+  [[nodiscard]] std::size_t result_count() const;
+  [[nodiscard]] const std::string& name() const;
+
+ private:
+  friend class detail::engine_core;
+  explicit handle(std::shared_ptr<detail::engine_entry> entry) : entry_(std::move(entry)) {}
+  std::shared_ptr<detail::engine_entry> entry_;
+};
+
+/// Called on the background thread when a tensor's collective ends; `error` is null on success.
+using completion_callback = std::function<void(const handle&, std::exception_ptr error)>;
+
+/// Where the engine's warnings go (stall warnings); default: stderr with a "[flexpar rank N]" prefix.
+using log_sink = std::function<void(std::string_view line)>;
+
+class engine {
+ public:
+  /// Collective over `comm`'s ranks: builds the engine's own sub-communicator (its traffic never
+  /// mixes with yours), starts the background thread. `cfg` defaults to the communicator's settings.
+  /// @throws usage_error when `comm` runs on MPI and MPI provides less than MPI_THREAD_MULTIPLE
+  ///         (the background thread calls MPI while your threads may too).
+  explicit engine(communicator& comm, std::optional<config> cfg = std::nullopt, log_sink log = {});
+  /// Collective: waits until every rank is shutting down, then stops the background thread. Pending
+  /// handles of tensors that never became ready on every rank fail with "engine shut down".
+  ~engine();
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  /// Reduces `data` in place across ranks. `name` identifies the tensor across ranks and must not
+  /// be in flight twice on one rank. The span stays in use until the handle completes.
+  template <element T>
+  handle allreduce_async(std::string name, std::span<T> data, reduce_op op, completion_callback done = {}) {
+    return submit(std::move(name), collective_kind::allreduce, dtype_of<T>, op, -1,
+                  std::as_bytes(std::span<const T>(data)), std::as_writable_bytes(data), data.size(), std::move(done));
+  }
+  /// Concatenates every rank's `mine` (counts may differ per rank) into `all` in rank order.
+  /// `all` must have room for the total; handle::result_count() tells how many were received.
+  template <element T>
+  handle allgather_async(std::string name, std::span<const T> mine, std::span<T> all, completion_callback done = {}) {
+    return submit(std::move(name), collective_kind::allgather, dtype_of<T>, reduce_op::sum, -1, std::as_bytes(mine),
+                  std::as_writable_bytes(all), mine.size(), std::move(done));
+  }
+  /// Copies `data` of rank `root` into `data` of every rank.
+  template <element T>
+  handle broadcast_async(std::string name, std::span<T> data, int root, completion_callback done = {}) {
+    return submit(std::move(name), collective_kind::broadcast, dtype_of<T>, reduce_op::sum, root,
+                  std::as_bytes(std::span<const T>(data)), std::as_writable_bytes(data), data.size(), std::move(done));
+  }
+  /// Reduces `in` (same count on every rank) and leaves block r of the result on rank r: blocks as
+  /// equal as can be, the first count % p one element longer.
+  template <element T>
+  handle reduce_scatter_async(std::string name, std::span<const T> in, std::span<T> out, reduce_op op,
+                              completion_callback done = {}) {
+    return submit(std::move(name), collective_kind::reduce_scatter, dtype_of<T>, op, -1, std::as_bytes(in),
+                  std::as_writable_bytes(out), in.size(), std::move(done));
+  }
+  /// Sends block j of `in` (count / p elements each; count divisible by p) to rank j; block i of
+  /// `out` comes from rank i.
+  template <element T>
+  handle alltoall_async(std::string name, std::span<const T> in, std::span<T> out, completion_callback done = {}) {
+    return submit(std::move(name), collective_kind::alltoall, dtype_of<T>, reduce_op::sum, -1, std::as_bytes(in),
+                  std::as_writable_bytes(out), in.size(), std::move(done));
+  }
+
+  /// Type-erased allreduce of `count` elements of `type` from `in` into `out` (the same buffer for
+  /// in place). @throws usage_error when a buffer is shorter than count elements.
+  handle allreduce_async(std::string name, std::span<const std::byte> in, std::span<std::byte> out, dtype type,
+                         std::size_t count, reduce_op op, completion_callback done = {}) {
+    check_bytes("allreduce", name, in.size(), type, count);
+    check_bytes("allreduce", name, out.size(), type, count);
+    return submit(std::move(name), collective_kind::allreduce, type, op, -1, in, out, count, std::move(done));
+  }
+  /// Type-erased broadcast of `count` elements of `type`.
+  handle broadcast_async(std::string name, std::span<std::byte> data, dtype type, std::size_t count, int root,
+                         completion_callback done = {}) {
+    check_bytes("broadcast", name, data.size(), type, count);
+    return submit(std::move(name), collective_kind::broadcast, type, reduce_op::sum, root, data, data, count,
+                  std::move(done));
+  }
+
+  /// For uneven data: this rank has no more tensors. Until every rank has joined, it contributes
+  /// the identity of the op (zeros for sum/avg) to the others' allreduces and receives their
+  /// broadcasts into scratch; allgather, reduce_scatter and alltoall with a joined rank fail with a
+  /// usage_error. Blocks until every rank has joined; returns the last rank to join.
+  /// @throws timeout_error when not every rank joined within config::timeout (this rank stays joined).
+  int join();
+
+  [[nodiscard]] int rank() const noexcept;
+  [[nodiscard]] int size() const noexcept;
+  [[nodiscard]] const config& settings() const noexcept;
+
+  /// Counters since construction (for tests and benchmarks).
+  struct statistics {
+    std::size_t cycles = 0;
+    std::size_t tensors_done = 0;
+    std::size_t fused_collectives = 0;  ///< collectives that carried more than one tensor
+    std::size_t collectives = 0;        ///< collectives run (fused or not)
+    std::size_t cache_hits = 0;         ///< tensors this rank reported by cache slot
+    std::size_t full_reports = 0;       ///< tensors this rank reported in full
+  };
+  [[nodiscard]] statistics stats() const;
+
+ private:
+  static void check_bytes(std::string_view op, const std::string& name, std::size_t bytes, dtype type,
+                          std::size_t count);
+  handle submit(std::string name, collective_kind kind, dtype type, reduce_op op, int root,
+                std::span<const std::byte> in, std::span<std::byte> out, std::size_t count, completion_callback done);
+  std::unique_ptr<detail::engine_core> core_;
+};
+
+}  // namespace flexpar

@@ -1,0 +1,84 @@
+// The engine's bridge from type-erased responses (dtype + bytes) to the templated collectives.
+// Each call picks the algorithm the way `automatic` would (so the timeline can name it), runs it,
+// and returns its name.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <flexpar/collective.hpp>
+
+namespace flexpar::detail {
+
+template <class T>
+std::span<T> typed(std::byte* p, std::size_t n) {
+  return {reinterpret_cast<T*>(p), n};
+}
+template <class T>
+std::span<const T> typed(const std::byte* p, std::size_t n) {
+  return {reinterpret_cast<const T*>(p), n};
+}
+
+inline std::string run_allreduce(communicator& comm, dtype type, std::byte* data, std::size_t count, reduce_op op) {
+  const algorithm a = choose_allreduce(comm, count * size_of(type));
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    allreduce(comm, typed<T>(data, count), op, a);
+  });
+  return std::string(name_of(a));
+}
+
+inline std::string run_broadcast(communicator& comm, dtype type, std::byte* data, std::size_t count, int root) {
+  const algorithm a = choose_broadcast(comm, count * size_of(type));
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    broadcast(comm, typed<T>(data, count), root, a);
+  });
+  return std::string(name_of(a));
+}
+
+inline std::string run_allgather(communicator& comm, dtype type, const std::byte* in, std::byte* out,
+                                 const std::vector<std::size_t>& counts) {
+  std::size_t total = 0;
+  for (auto c : counts) total += c;
+  const algorithm a = choose_allgather(comm, total * size_of(type));
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    allgather_v(comm, typed<T>(in, counts[static_cast<std::size_t>(comm.rank())]), typed<T>(out, total),
+                std::span<const std::size_t>(counts), a);
+  });
+  return std::string(name_of(a));
+}
+
+/// Blocks as equal as can be: the first count % p ranks get one more element.
+inline std::string run_reduce_scatter(communicator& comm, dtype type, const std::byte* in, std::byte* out,
+                                      std::size_t count, reduce_op op) {
+  const block_layout layout = block_layout::even(count, comm.size());
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    reduce_scatter_v(comm, typed<T>(in, count), typed<T>(out, layout.count(comm.rank())),
+                     std::span<const std::size_t>(layout.counts), op, algorithm::ring);
+  });
+  return std::string(name_of(algorithm::ring));
+}
+
+inline std::string run_alltoall(communicator& comm, dtype type, const std::byte* in, std::byte* out,
+                                std::size_t count) {
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    alltoall(comm, typed<T>(in, count), typed<T>(out, count), algorithm::pairwise);
+  });
+  return std::string(name_of(algorithm::pairwise));
+}
+
+/// Fills `count` elements at `data` with the identity of `op` (what a joined rank contributes).
+inline void fill_identity(dtype type, reduce_op op, std::byte* data, std::size_t count) {
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    const T value = static_cast<T>(identity_of<accumulate_t<T>>(op));
+    std::fill_n(reinterpret_cast<T*>(data), count, value);
+  });
+}
+
+}  // namespace flexpar::detail

@@ -1,0 +1,987 @@
+// The engine: submission queue, background thread, coordinator, fusion, timeline.
+// The protocol is described step by step in include/flexpar/engine/engine.hpp; the step numbers
+// below refer to it.
+#include <flexpar/engine/engine.hpp>
+#include <flexpar/timeline.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "collective_calls.hpp"
+#include "wire.hpp"
+
+namespace flexpar {
+
+std::string_view name_of(collective_kind kind) noexcept {
+  switch (kind) {
+    case collective_kind::allreduce: return "allreduce";
+    case collective_kind::allgather: return "allgather";
+    case collective_kind::broadcast: return "broadcast";
+    case collective_kind::reduce_scatter: return "reduce_scatter";
+    case collective_kind::alltoall: return "alltoall";
+  }
+  return "?";
+}
+
+namespace detail {
+
+/// What every rank must agree on about a tensor (the count only where the collective needs it).
+struct description {
+  collective_kind kind = collective_kind::allreduce;
+  dtype type = dtype::f32;
+  reduce_op op = reduce_op::sum;
+  std::int32_t root = -1;
+  std::uint64_t count = 0;
+};
+
+struct engine_entry {
+  std::string name;
+  description desc;
+  std::span<const std::byte> in;
+  std::span<std::byte> out;
+  completion_callback done;
+  std::chrono::milliseconds default_timeout{0};
+
+  std::mutex mutex;
+  std::condition_variable finished_cv;
+  bool finished = false;
+  std::exception_ptr error;
+  std::size_t result_count = 0;
+
+  // timeline
+  clock::time_point submitted, responded, exec_begin, copied_in, reduced, copied_out;
+};
+
+namespace {
+
+constexpr std::uint8_t flag_joined = 1, flag_shutdown = 2;
+enum class response_type : std::uint8_t { run_cached, run_full, error };
+enum class error_kind : std::uint8_t { mismatch, timeout, usage };
+
+/// A tensor as the cache remembers it: its description and every rank's count.
+struct cache_entry {
+  std::string name;
+  description desc;  // count unused: see counts
+  std::vector<std::uint64_t> counts;
+};
+
+/// One response of step 4.
+struct response {
+  response_type type = response_type::run_full;
+  std::uint32_t slot = 0;
+  std::string name;
+  description desc;
+  std::vector<std::uint64_t> counts;  // per rank
+  error_kind error = error_kind::mismatch;
+  std::string text;
+};
+
+std::string rank_set(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank {" : "ranks {";
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return s + "}";
+}
+
+std::string seconds_text(std::chrono::milliseconds d) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.3g s", static_cast<double>(d.count()) / 1000.0);
+  return buffer;
+}
+
+// ---- messages: one fixed-size first part, a second message only for long ones ------------------
+
+constexpr std::size_t first_part = 4096;
+
+void send_message(transport& t, int peer, tag_t tag, std::vector<std::byte>& payload, deadline until) {
+  const std::uint64_t length = payload.size();
+  std::vector<std::byte> head(sizeof length + std::min(payload.size(), first_part - sizeof length));
+  std::memcpy(head.data(), &length, sizeof length);
+  std::memcpy(head.data() + sizeof length, payload.data(), head.size() - sizeof length);
+  request a = t.isend(peer, tag, head);
+  request b;
+  if (payload.size() > first_part - sizeof length)
+    b = t.isend(peer, tag, std::span<const std::byte>(payload).subspan(first_part - sizeof length));
+  a.wait(until);
+  b.wait(until);
+}
+
+std::vector<std::byte> recv_message(transport& t, int peer, tag_t tag, deadline until) {
+  std::vector<std::byte> head(first_part);
+  const std::size_t got = t.recv(peer, tag, head, until);
+  std::uint64_t length = 0;
+  if (got < sizeof length) throw error("engine protocol error: a message of " + std::to_string(got) + " bytes");
+  std::memcpy(&length, head.data(), sizeof length);
+  std::vector<std::byte> payload(length);
+  const std::size_t inline_part = std::min<std::size_t>(length, first_part - sizeof length);
+  std::memcpy(payload.data(), head.data() + sizeof length, inline_part);
+  if (length > inline_part) t.recv(peer, tag, std::span(payload).subspan(inline_part), until);
+  return payload;
+}
+
+void put_description(wire_writer& w, const description& d) {
+  w.put(static_cast<std::uint8_t>(d.kind));
+  w.put(static_cast<std::uint8_t>(d.type));
+  w.put(static_cast<std::uint8_t>(d.op));
+  w.put(d.root);
+  w.put(d.count);
+}
+
+description get_description(wire_reader& r) {
+  description d;
+  d.kind = static_cast<collective_kind>(r.get<std::uint8_t>());
+  d.type = static_cast<dtype>(r.get<std::uint8_t>());
+  d.op = static_cast<reduce_op>(r.get<std::uint8_t>());
+  d.root = r.get<std::int32_t>();
+  d.count = r.get<std::uint64_t>();
+  return d;
+}
+
+constexpr tag_t tag_report = 1, tag_response = 2, tag_timeline = 3;
+
+}  // namespace
+
+class engine_core {
+ public:
+  engine_core(communicator& parent, config cfg, log_sink log)
+      : comm_(std::move(*parent.split(0, parent.rank()))),
+        cfg_(std::move(cfg)),
+        log_(std::move(log)),
+        origin_(clock::now()) {
+    if (!log_) {
+      log_ = [rank = comm_.rank()](std::string_view line) {
+        std::fprintf(stderr, "[flexpar rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
+      };
+    }
+    if (!cfg_.timeline_path.empty()) timeline_.emplace(comm_.rank(), origin_);
+    if (comm_.rank() == 0) {
+      joined_ranks_.assign(static_cast<std::size_t>(comm_.size()), false);
+      shutdown_ranks_.assign(static_cast<std::size_t>(comm_.size()), false);
+    }
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~engine_core() {
+    {
+      std::lock_guard lock(mutex_);
+      shutdown_requested_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  communicator& comm() noexcept { return comm_; }
+  const config& settings() const noexcept { return cfg_; }
+
+  handle submit(std::string name, collective_kind kind, dtype type, reduce_op op, int root,
+                std::span<const std::byte> in, std::span<std::byte> out, std::size_t count, completion_callback done) {
+    auto entry = std::make_shared<engine_entry>();
+    entry->name = std::move(name);
+    entry->desc = description{kind, type, op, root, count};
+    entry->in = in;
+    entry->out = out;
+    entry->done = std::move(done);
+    entry->default_timeout = cfg_.timeout;
+    entry->submitted = clock::now();
+    handle h(entry);
+    std::exception_ptr refuse;
+    bool wake = false;
+    {
+      std::lock_guard lock(mutex_);
+      if (failed_)
+        refuse = failed_;
+      else if (shutdown_requested_)
+        refuse = std::make_exception_ptr(usage_error("engine: " + std::string(name_of(kind)) + " \"" + entry->name +
+                                                     "\" submitted while the engine shuts down"));
+      else
+        fresh_.push_back(entry);
+      // Only the first submission while the thread sleeps wakes it; the rest join its batch.
+      wake = fresh_.size() == 1 && sleeping_;
+    }
+    if (refuse) finish(*entry, refuse);
+    if (wake) wake_.notify_all();
+    return h;
+  }
+
+  int join() {
+    std::unique_lock lock(mutex_);
+    if (failed_) std::rethrow_exception(failed_);
+    join_requested_ = true;
+    join_done_ = false;
+    wake_.notify_all();
+    if (!join_cv_.wait_until(lock, deadline_after(cfg_.timeout), [&] { return join_done_ || failed_; }))
+      // This rank stays joined (it keeps contributing the identity); the caller decides what next.
+      throw timeout_error("[rank " + std::to_string(comm_.rank()) + "] engine::join: not every rank joined within " +
+                          seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout)) +
+                          " (FLEXPAR_TIMEOUT)");
+    if (!join_done_) std::rethrow_exception(failed_);
+    return last_joined_;
+  }
+
+  engine::statistics stats() const {
+    std::lock_guard lock(stats_mutex_);
+    return stats_;
+  }
+
+  static void finish(engine_entry& e, std::exception_ptr error, std::size_t result_count = 0) {
+    {
+      std::lock_guard lock(e.mutex);
+      if (e.finished) return;
+      e.error = std::move(error);
+      e.result_count = result_count;
+      e.finished = true;
+    }
+    e.finished_cv.notify_all();
+  }
+
+ private:
+  // ---- the background thread ---------------------------------------------------------------------
+
+  void run() {
+    try {
+      clock::time_point next = clock::now();
+      for (;;) {
+        next += cfg_.cycle_time;
+        if (const auto now = clock::now(); next < now) next = now;
+        std::vector<std::shared_ptr<engine_entry>> fresh;
+        bool shutting_down = false;
+        {
+          // A cycle starts at its time or at the first submission, whichever comes first, and
+          // takes everything submitted until submissions pause for a twentieth of the cycle time
+          // (a burst of gradients is fused into one batch, a lone tensor waits little).
+          std::unique_lock lock(mutex_);
+          sleeping_ = true;
+          wake_.wait_until(lock, next,
+                           [&] { return !fresh_.empty() || shutdown_requested_ || (join_requested_ && !joined_); });
+          const auto quiet = cfg_.cycle_time / 20;
+          for (std::size_t seen = fresh_.size(); seen > 0 && clock::now() < next;) {
+            wake_.wait_until(lock, std::min(next, clock::now() + quiet), [&] { return shutdown_requested_; });
+            if (fresh_.size() == seen || shutdown_requested_) break;
+            seen = fresh_.size();
+          }
+          sleeping_ = false;
+          fresh.assign(fresh_.begin(), fresh_.end());
+          fresh_.clear();
+          shutting_down = shutdown_requested_;
+          if (join_requested_) joined_ = true;
+        }
+        if (cycle(fresh, shutting_down)) break;
+      }
+      fail_everything(std::make_exception_ptr(usage_error("engine shut down before every rank submitted this tensor")));
+      if (timeline_)
+        timeline_->gather_and_write(comm_.transport(), tag_timeline, 0, cfg_.timeline_path, comm_.default_deadline());
+    } catch (...) {
+      fail_everything(std::current_exception());
+    }
+  }
+
+  /// One cycle (steps 1–6). True once every rank is shutting down.
+  bool cycle(std::vector<std::shared_ptr<engine_entry>>& fresh, bool shutting_down) {
+    const clock::time_point cycle_begin = clock::now();
+    // Step 1: the report.
+    wire_writer report;
+    report.put(static_cast<std::uint8_t>((joined_ ? flag_joined : 0) | (shutting_down ? flag_shutdown : 0)));
+    std::vector<std::uint32_t> slots;
+    std::vector<const engine_entry*> full;
+    for (auto& e : fresh) {
+      if (pending_.contains(e->name)) {
+        finish(*e, std::make_exception_ptr(usage_error(
+                       "[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(e->desc.kind)) + " \"" +
+                       e->name + "\" was submitted again while the previous one is still in flight")));
+        continue;
+      }
+      pending_.emplace(e->name, e);
+      if (auto slot = cached_slot(*e))
+        slots.push_back(*slot);
+      else
+        full.push_back(e.get());
+    }
+    report.put(static_cast<std::uint32_t>(slots.size()));
+    for (auto s : slots) report.put(s);
+    report.put(static_cast<std::uint32_t>(full.size()));
+    for (const engine_entry* e : full) {
+      report.put(e->name);
+      put_description(report, e->desc);
+    }
+    {
+      std::lock_guard lock(stats_mutex_);
+      ++stats_.cycles;
+      stats_.cache_hits += slots.size();
+      stats_.full_reports += full.size();
+    }
+
+    // Steps 2–4 on the coordinator; the others send their report and receive the responses.
+    std::vector<std::byte> responses;
+    const deadline until = comm_.default_deadline();
+    if (comm_.rank() == 0) {
+      std::vector<std::vector<std::byte>> reports(static_cast<std::size_t>(comm_.size()));
+      reports[0] = std::move(report.bytes());
+      for (int r = 1; r < comm_.size(); ++r)
+        reports[static_cast<std::size_t>(r)] = recv_message(comm_.transport(), r, tag_report, until);
+      wire_writer out = coordinate(reports);
+      responses = std::move(out.bytes());
+      for (int r = 1; r < comm_.size(); ++r) send_message(comm_.transport(), r, tag_response, responses, until);
+    } else {
+      send_message(comm_.transport(), 0, tag_report, report.bytes(), until);
+      responses = recv_message(comm_.transport(), 0, tag_response, until);
+    }
+    const clock::time_point responded = clock::now();
+    if (timeline_ && cfg_.timeline_mark_cycles) timeline_->mark("cycles", "CYCLE", cycle_begin);
+
+    // Steps 5 and 6.
+    wire_reader in(responses);
+    const auto flags = in.get<std::uint8_t>();
+    const auto last_joined = in.get<std::int32_t>();
+    const auto n = in.get<std::uint32_t>();
+    std::vector<response> list(n);
+    for (auto& r : list) {
+      r.type = static_cast<response_type>(in.get<std::uint8_t>());
+      if (r.type == response_type::run_cached) {
+        r.slot = in.get<std::uint32_t>();
+        if (r.slot >= cache_.size())
+          throw error("engine protocol error: cache slot " + std::to_string(r.slot) + " unknown");
+        const cache_entry& c = cache_[r.slot];
+        r.name = c.name;
+        r.desc = c.desc;
+        r.counts = c.counts;
+      } else if (r.type == response_type::run_full) {
+        r.name = in.get_string();
+        r.desc = get_description(in);
+        r.counts.resize(static_cast<std::size_t>(comm_.size()));
+        for (auto& c : r.counts) c = in.get<std::uint64_t>();
+      } else {
+        r.name = in.get_string();
+        r.error = static_cast<error_kind>(in.get<std::uint8_t>());
+        r.text = in.get_string();
+      }
+    }
+    execute(list, responded);
+    for (const auto& r : list)
+      if (r.type == response_type::run_full) remember(r);
+    if (flags & flag_joined) {
+      joined_ = false;
+      {
+        std::lock_guard lock(mutex_);
+        join_requested_ = false;
+        join_done_ = true;
+        last_joined_ = last_joined;
+      }
+      join_cv_.notify_all();
+    }
+    return (flags & flag_shutdown) != 0;
+  }
+
+  // ---- the response cache (identical on every rank: step 6) ----------------------------------
+
+  std::optional<std::uint32_t> cached_slot(const engine_entry& e) const {
+    auto it = cache_slot_.find(e.name);
+    if (it == cache_slot_.end()) return std::nullopt;
+    const cache_entry& c = cache_[it->second];
+    const bool same = c.desc.kind == e.desc.kind && c.desc.type == e.desc.type && c.desc.op == e.desc.op &&
+                      c.desc.root == e.desc.root && c.counts[static_cast<std::size_t>(comm_.rank())] == e.desc.count;
+    return same ? std::optional(it->second) : std::nullopt;
+  }
+
+  void remember(const response& r) {
+    if (cfg_.cache_capacity == 0) return;
+    cache_entry c{r.name, r.desc, r.counts};
+    if (auto it = cache_slot_.find(r.name); it != cache_slot_.end()) {
+      cache_[it->second] = std::move(c);
+    } else if (cache_.size() < cfg_.cache_capacity) {
+      cache_slot_.emplace(r.name, static_cast<std::uint32_t>(cache_.size()));
+      cache_.push_back(std::move(c));
+    }
+  }
+
+  // ---- the coordinator (rank 0): steps 2–4 ---------------------------------------------------
+
+  struct table_entry {
+    std::vector<std::optional<description>> by_rank;
+    std::vector<bool> by_slot;
+    std::optional<std::uint32_t> slot;
+    clock::time_point first_seen, last_warning;
+    std::uint64_t order = 0;
+  };
+
+  wire_writer coordinate(const std::vector<std::vector<std::byte>>& reports) {
+    const int p = comm_.size();
+    const clock::time_point now = clock::now();
+    bool all_shutdown = true;
+    // Step 2: merge the reports into the table.
+    for (int r = 0; r < p; ++r) {
+      wire_reader in(reports[static_cast<std::size_t>(r)]);
+      const auto flags = in.get<std::uint8_t>();
+      if ((flags & flag_joined) && !joined_ranks_[static_cast<std::size_t>(r)]) {
+        joined_ranks_[static_cast<std::size_t>(r)] = true;
+        last_joined_rank_ = r;
+      }
+      shutdown_ranks_[static_cast<std::size_t>(r)] = (flags & flag_shutdown) != 0;
+      all_shutdown = all_shutdown && shutdown_ranks_[static_cast<std::size_t>(r)];
+      const auto n_slots = in.get<std::uint32_t>();
+      for (std::uint32_t i = 0; i < n_slots; ++i) {
+        const auto slot = in.get<std::uint32_t>();
+        const cache_entry& c = cache_.at(slot);
+        description d = c.desc;
+        d.count = c.counts[static_cast<std::size_t>(r)];
+        table_entry& t = table_row(c.name, now);
+        t.by_rank[static_cast<std::size_t>(r)] = d;
+        t.by_slot[static_cast<std::size_t>(r)] = true;
+        t.slot = slot;
+        if (timeline_) timeline_->mark(c.name, "READY rank " + std::to_string(r), now);
+      }
+      const auto n_full = in.get<std::uint32_t>();
+      for (std::uint32_t i = 0; i < n_full; ++i) {
+        std::string name = in.get_string();
+        const description d = get_description(in);
+        table_entry& t = table_row(name, now);
+        t.by_rank[static_cast<std::size_t>(r)] = d;
+        if (timeline_) timeline_->mark(name, "READY rank " + std::to_string(r), now);
+      }
+    }
+    const bool all_joined = std::all_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; });
+
+    // Step 3: complete tensors, in the order they were first seen; stalls.
+    std::vector<std::pair<std::uint64_t, std::string>> complete;
+    std::vector<std::string> timed_out;
+    for (auto& [name, t] : table_) {
+      std::vector<int> missing;
+      for (int r = 0; r < p; ++r)
+        if (!t.by_rank[static_cast<std::size_t>(r)] && !joined_ranks_[static_cast<std::size_t>(r)])
+          missing.push_back(r);
+      if (missing.empty())
+        complete.emplace_back(t.order, name);
+      else if (stalled_out(name, t, missing, now))
+        timed_out.push_back(name);
+    }
+    for (const auto& name : timed_out) table_.erase(name);
+    std::sort(complete.begin(), complete.end());
+
+    wire_writer out;
+    out.put(static_cast<std::uint8_t>((all_joined ? flag_joined : 0) | (all_shutdown ? flag_shutdown : 0)));
+    out.put(static_cast<std::int32_t>(all_joined ? last_joined_rank_ : -1));
+    std::vector<response> list;
+    for (auto& [order, name] : complete) {
+      list.push_back(decide(name, table_.at(name)));
+      table_.erase(name);
+    }
+    for (auto& [name, text] : stalled_out_) {
+      response r;
+      r.type = response_type::error;
+      r.name = name;
+      r.error = error_kind::timeout;
+      r.text = std::move(text);
+      list.push_back(std::move(r));
+    }
+    stalled_out_.clear();
+    out.put(static_cast<std::uint32_t>(list.size()));
+    for (const response& r : list) {
+      out.put(static_cast<std::uint8_t>(r.type));
+      if (r.type == response_type::run_cached) {
+        out.put(r.slot);
+      } else if (r.type == response_type::run_full) {
+        out.put(r.name);
+        put_description(out, r.desc);
+        for (auto c : r.counts) out.put(c);
+      } else {
+        out.put(r.name);
+        out.put(static_cast<std::uint8_t>(r.error));
+        out.put(r.text);
+      }
+    }
+    if (all_joined) std::fill(joined_ranks_.begin(), joined_ranks_.end(), false);
+    return out;
+  }
+
+  table_entry& table_row(const std::string& name, clock::time_point now) {
+    auto [it, inserted] = table_.try_emplace(name);
+    if (inserted) {
+      it->second.by_rank.resize(static_cast<std::size_t>(comm_.size()));
+      it->second.by_slot.assign(static_cast<std::size_t>(comm_.size()), false);
+      it->second.first_seen = it->second.last_warning = now;
+      it->second.order = next_order_++;
+    }
+    return it->second;
+  }
+
+  /// Warns about a stalled tensor; true when it has waited past stall_shutdown (its timeout
+  /// response is queued in stalled_out_ and the caller drops it from the table).
+  bool stalled_out(const std::string& name, table_entry& t, const std::vector<int>& missing, clock::time_point now) {
+    std::vector<int> have;
+    for (int r = 0; r < comm_.size(); ++r)
+      if (t.by_rank[static_cast<std::size_t>(r)]) have.push_back(r);
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - t.first_seen);
+    const std::string kind(name_of(t.by_rank[static_cast<std::size_t>(have.front())]->kind));
+    if (cfg_.stall_shutdown.count() > 0 && waited >= cfg_.stall_shutdown) {
+      stalled_out_.emplace_back(name, kind + " \"" + name + "\": " + rank_set(missing) + " did not submit it within " +
+                                          seconds_text(cfg_.stall_shutdown) + " (FLEXPAR_STALL_SHUTDOWN_S); " +
+                                          rank_set(have) + " had submitted it");
+      return true;
+    }
+    if (now - t.last_warning >= cfg_.stall_warning) {
+      t.last_warning = now;
+      log_("stall: " + kind + " \"" + name + "\" submitted by " + rank_set(have) + " has waited " +
+           seconds_text(waited) + " for " + rank_set(missing) + " (FLEXPAR_STALL_WARNING_S)");
+    }
+    return false;
+  }
+
+  /// Step 3 for one complete tensor: run it, or say why not.
+  response decide(const std::string& name, const table_entry& t) {
+    const int p = comm_.size();
+    response r;
+    r.name = name;
+    std::vector<int> present;
+    bool any_joined = false;
+    for (int k = 0; k < p; ++k) {
+      if (t.by_rank[static_cast<std::size_t>(k)])
+        present.push_back(k);
+      else
+        any_joined = true;
+    }
+    const description& first = *t.by_rank[static_cast<std::size_t>(present.front())];
+    // Steady state: every rank reported the cache slot, so the descriptions are the cached one and
+    // agree by construction; nothing to compare.
+    if (!any_joined && t.slot && std::all_of(t.by_slot.begin(), t.by_slot.end(), [](bool b) { return b; })) {
+      r.type = response_type::run_cached;
+      r.slot = *t.slot;
+      return r;
+    }
+    auto fail = [&](error_kind kind, std::string text) {
+      r.type = response_type::error;
+      r.error = kind;
+      r.text = std::move(text);
+      return r;
+    };
+    // Compare one field across the ranks that have the tensor; a difference is a mismatch naming
+    // each value and its ranks.
+    auto differs = [&](std::string_view field, auto value_of, auto print) -> std::optional<std::string> {
+      std::vector<std::pair<decltype(value_of(first)), std::vector<int>>> groups;
+      for (int k : present) {
+        const auto v = value_of(*t.by_rank[static_cast<std::size_t>(k)]);
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
+        if (it == groups.end())
+          groups.push_back({v, {k}});
+        else
+          it->second.push_back(k);
+      }
+      if (groups.size() == 1) return std::nullopt;
+      std::string text = std::string(name_of(first.kind)) + " \"" + name + "\": " + std::string(field) + " ";
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        if (g > 0) text += g + 1 == groups.size() ? " but " : ", ";
+        text += print(groups[g].first) + " on " + rank_set(groups[g].second);
+      }
+      return text;
+    };
+    if (auto m = differs(
+            "collective", [](const description& d) { return d.kind; },
+            [](collective_kind k) { return std::string(name_of(k)); })) {
+      // A different collective under one name: name the tensor without a collective in front.
+      return fail(error_kind::mismatch, "tensor \"" + name + "\": " + m->substr(m->find(": ") + 2));
+    }
+    if (auto m = differs(
+            "dtype", [](const description& d) { return d.type; }, [](dtype x) { return std::string(name_of(x)); }))
+      return fail(error_kind::mismatch, *m);
+    if (first.kind != collective_kind::allgather)
+      if (auto m = differs(
+              "count", [](const description& d) { return d.count; }, [](std::uint64_t c) { return std::to_string(c); }))
+        return fail(error_kind::mismatch, *m);
+    if (first.kind == collective_kind::allreduce || first.kind == collective_kind::reduce_scatter)
+      if (auto m = differs(
+              "op", [](const description& d) { return d.op; }, [](reduce_op o) { return std::string(name_of(o)); }))
+        return fail(error_kind::mismatch, *m);
+    if (first.kind == collective_kind::broadcast) {
+      if (auto m = differs(
+              "root", [](const description& d) { return d.root; },
+              [](std::int32_t root) { return std::to_string(root); }))
+        return fail(error_kind::mismatch, *m);
+      if (first.root < 0 || first.root >= p)
+        return fail(error_kind::usage, "broadcast \"" + name + "\": root " + std::to_string(first.root) +
+                                           " is outside the " + std::to_string(p) + " ranks");
+      if (!t.by_rank[static_cast<std::size_t>(first.root)])
+        return fail(error_kind::usage, "broadcast \"" + name + "\": its root, rank " + std::to_string(first.root) +
+                                           ", has joined and has no data to send");
+    }
+    if (any_joined && first.kind != collective_kind::allreduce && first.kind != collective_kind::broadcast)
+      return fail(error_kind::usage, std::string(name_of(first.kind)) + " \"" + name +
+                                         "\" cannot run while a rank has joined (only allreduce and broadcast can)");
+    if (first.kind == collective_kind::alltoall && first.count % static_cast<std::uint64_t>(p) != 0)
+      return fail(error_kind::usage, "alltoall \"" + name + "\": count " + std::to_string(first.count) +
+                                         " is not divisible by the " + std::to_string(p) + " ranks");
+    // Run it: by slot when every rank that has it reported the same slot.
+    const bool by_slot = t.slot && std::all_of(present.begin(), present.end(),
+                                               [&](int k) { return t.by_slot[static_cast<std::size_t>(k)]; });
+    r.desc = first;
+    r.counts.resize(static_cast<std::size_t>(p));
+    for (int k = 0; k < p; ++k) {
+      const auto& d = t.by_rank[static_cast<std::size_t>(k)];
+      r.counts[static_cast<std::size_t>(k)] = d ? d->count : first.count;
+    }
+    if (by_slot) {
+      r.type = response_type::run_cached;
+      r.slot = *t.slot;
+    } else {
+      r.type = response_type::run_full;
+    }
+    return r;
+  }
+
+  // ---- step 5: running the responses ----------------------------------------------------------
+
+  void execute(std::vector<response>& list, clock::time_point responded) {
+    std::size_t i = 0;
+    while (i < list.size()) {
+      response& r = list[i];
+      if (r.type == response_type::error) {
+        fail_one(r);
+        ++i;
+        continue;
+      }
+      // Step 5: gather the run of allreduces that share dtype and op and fit the fusion buffer.
+      std::size_t j = i + 1;
+      if (r.desc.kind == collective_kind::allreduce && cfg_.fusion_threshold > 0) {
+        std::size_t bytes = r.counts[0] * size_of(r.desc.type);
+        while (j < list.size() && list[j].type != response_type::error &&
+               list[j].desc.kind == collective_kind::allreduce && list[j].desc.type == r.desc.type &&
+               list[j].desc.op == r.desc.op &&
+               bytes + list[j].counts[0] * size_of(r.desc.type) <= cfg_.fusion_threshold) {
+          bytes += list[j].counts[0] * size_of(r.desc.type);
+          ++j;
+        }
+      }
+      run_group(std::span(list).subspan(i, j - i), responded);
+      i = j;
+    }
+  }
+
+  void fail_one(const response& r) {
+    auto it = pending_.find(r.name);
+    if (it == pending_.end()) return;
+    std::exception_ptr e;
+    const std::string text = "[rank " + std::to_string(comm_.rank()) + "] " + r.text;
+    switch (r.error) {
+      case error_kind::mismatch: e = std::make_exception_ptr(mismatch_error(text)); break;
+      case error_kind::timeout: e = std::make_exception_ptr(timeout_error(text)); break;
+      case error_kind::usage: e = std::make_exception_ptr(usage_error(text)); break;
+    }
+    complete(it->second, e, 0);
+    pending_.erase(it);
+  }
+
+  /// Runs one response alone, or several fused allreduces through the fusion buffer.
+  void run_group(std::span<response> group, clock::time_point responded) {
+    const std::size_t me = static_cast<std::size_t>(comm_.rank());
+    std::vector<std::shared_ptr<engine_entry>> entries;  // null where this rank has joined
+    for (const response& r : group) {
+      auto it = pending_.find(r.name);
+      if (it == pending_.end()) {
+        entries.push_back(nullptr);
+      } else {
+        entries.push_back(it->second);
+        pending_.erase(it);
+        it->second->responded = responded;
+      }
+    }
+    const clock::time_point begin = clock::now();
+    const response& first = group.front();
+    const dtype type = first.desc.type;
+    const std::size_t element = size_of(type);
+    std::exception_ptr failure;
+    std::size_t result_count = first.counts[me];
+    clock::time_point copied_in = begin, reduced = begin;
+    std::string algorithm_name;
+    bool local = false;
+    try {
+      if (group.size() > 1 || (!entries[0] && first.desc.kind == collective_kind::allreduce)) {
+        // Fused (or a joined rank's identity contribution): through the fusion buffer.
+        std::size_t total = 0;
+        for (const response& r : group) total += r.counts[me] * element;
+        if (fusion_.size() < total)
+          fusion_.resize(std::max(total, std::min(cfg_.fusion_threshold, std::size_t{64} << 20)));
+        std::size_t at = 0;
+        for (std::size_t k = 0; k < group.size(); ++k) {
+          const std::size_t bytes = group[k].counts[me] * element;
+          if (entries[k])
+            std::memcpy(fusion_.data() + at, entries[k]->in.data(), bytes);
+          else
+            fill_identity(type, first.desc.op, fusion_.data() + at, group[k].counts[me]);
+          at += bytes;
+        }
+        copied_in = clock::now();
+        algorithm_name = run_allreduce(comm_, type, fusion_.data(), total / element, first.desc.op);
+        reduced = clock::now();
+        at = 0;
+        for (std::size_t k = 0; k < group.size(); ++k) {
+          const std::size_t bytes = group[k].counts[me] * element;
+          if (entries[k]) std::memcpy(entries[k]->out.data(), fusion_.data() + at, bytes);
+          at += bytes;
+        }
+        std::lock_guard lock(stats_mutex_);
+        ++stats_.collectives;
+        if (group.size() > 1) ++stats_.fused_collectives;
+      } else {
+        algorithm_name = run_single(first, entries[0].get(), result_count);
+        copied_in = begin;
+        reduced = clock::now();
+        std::lock_guard lock(stats_mutex_);
+        ++stats_.collectives;
+      }
+    } catch (const local_failure&) {
+      failure = std::current_exception();
+      local = true;
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const clock::time_point end = clock::now();
+    std::vector<std::size_t> counts;
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      counts.push_back(group.size() > 1 ? group[k].counts[me] : result_count);
+      if (!entries[k]) continue;
+      engine_entry& e = *entries[k];
+      e.exec_begin = begin;
+      e.copied_in = copied_in;
+      e.reduced = reduced;
+      e.copied_out = end;
+      if (timeline_) record(e, group.size(), algorithm_name);
+    }
+    complete_all(entries, failure, counts);
+    // A collective that failed (not just one handle's output) leaves the ranks out of step: stop.
+    if (failure && !local) std::rethrow_exception(failure);
+  }
+
+  /// A response that runs on its own, in place (no fusion-buffer copies).
+  std::string run_single(const response& r, engine_entry* e, std::size_t& result_count) {
+    const std::size_t me = static_cast<std::size_t>(comm_.rank());
+    const std::size_t element = size_of(r.desc.type);
+    const std::size_t count = r.counts[me];
+    switch (r.desc.kind) {
+      case collective_kind::allreduce:
+        if (e->in.data() != e->out.data()) std::memcpy(e->out.data(), e->in.data(), count * element);
+        return run_allreduce(comm_, r.desc.type, e->out.data(), count, r.desc.op);
+      case collective_kind::broadcast: {
+        std::byte* data = e ? e->out.data() : scratch(count * element);
+        return run_broadcast(comm_, r.desc.type, data, count, r.desc.root);
+      }
+      case collective_kind::allgather: {
+        std::size_t total = 0;
+        for (auto c : r.counts) total += c;
+        result_count = total;
+        const bool fits = e->out.size() >= total * element;
+        std::byte* out = fits ? e->out.data() : scratch(total * element);
+        std::vector<std::size_t> counts(r.counts.begin(), r.counts.end());
+        std::string name = run_allgather(comm_, r.desc.type, e->in.data(), out, counts);
+        if (!fits) throw_too_small(*e, e->out.size() / element, total);
+        return name;
+      }
+      case collective_kind::reduce_scatter: {
+        const std::size_t p = static_cast<std::size_t>(comm_.size());
+        const std::size_t mine = count / p + (me < count % p ? 1 : 0);
+        result_count = mine;
+        const bool fits = e->out.size() >= mine * element;
+        std::byte* out = fits ? e->out.data() : scratch(mine * element);
+        std::string name = run_reduce_scatter(comm_, r.desc.type, e->in.data(), out, count, r.desc.op);
+        if (!fits) throw_too_small(*e, e->out.size() / element, mine);
+        return name;
+      }
+      case collective_kind::alltoall: {
+        const bool fits = e->out.size() >= count * element;
+        std::byte* out = fits ? e->out.data() : scratch(count * element);
+        std::string name = run_alltoall(comm_, r.desc.type, e->in.data(), out, count);
+        if (!fits) throw_too_small(*e, e->out.size() / element, count);
+        return name;
+      }
+    }
+    return {};
+  }
+
+  [[noreturn]] void throw_too_small(const engine_entry& e, std::size_t room, std::size_t needed) const {
+    // The collective ran (into scratch) so that the other ranks finish; only this handle fails.
+    throw local_failure(usage_error("[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(e.desc.kind)) +
+                                    " \"" + e.name + "\": the output holds " + std::to_string(room) +
+                                    " elements but the result has " + std::to_string(needed)));
+  }
+
+  /// An error of one handle that leaves the ranks in step (the collective itself completed).
+  struct local_failure : usage_error {
+    explicit local_failure(const usage_error& e) : usage_error(e) {}
+  };
+
+  std::byte* scratch(std::size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+
+  void record(const engine_entry& e, std::size_t fused, const std::string& algorithm_name) {
+    timeline_->span(e.name, "NEGOTIATE", e.submitted, e.responded, {{"collective", std::string(name_of(e.desc.kind))}});
+    timeline_->span(e.name, "QUEUE", e.responded, e.exec_begin);
+    if (fused > 1 || e.copied_in != e.exec_begin)
+      timeline_->span(e.name, "MEMCPY_IN_FUSION_BUFFER", e.exec_begin, e.copied_in);
+    std::string upper(name_of(e.desc.kind));
+    std::transform(upper.begin(), upper.end(), upper.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+    timeline_->span(e.name, upper, e.copied_in, e.reduced,
+                    {{"algorithm", algorithm_name},
+                     {"tensors", std::to_string(fused)},
+                     {"dtype", std::string(name_of(e.desc.type))},
+                     {"count", std::to_string(e.desc.count)}});
+    if (fused > 1 || e.copied_in != e.exec_begin)
+      timeline_->span(e.name, "MEMCPY_OUT_FUSION_BUFFER", e.reduced, e.copied_out);
+  }
+
+  void complete(const std::shared_ptr<engine_entry>& e, std::exception_ptr error, std::size_t result_count) {
+    complete_all(std::span(&e, 1), error, std::span(&result_count, 1));
+  }
+
+  /// Completes a group in two passes: every entry is marked finished before any waiter is woken,
+  /// so that a thread waiting on the group's handles one after another wakes once, not once per
+  /// handle (a futex round trip each).
+  void complete_all(std::span<const std::shared_ptr<engine_entry>> entries, std::exception_ptr error,
+                    std::span<const std::size_t> result_counts) {
+    std::size_t done = 0;
+    for (std::size_t k = 0; k < entries.size(); ++k) {
+      if (!entries[k]) continue;
+      std::lock_guard lock(entries[k]->mutex);
+      if (entries[k]->finished) continue;
+      entries[k]->error = error;
+      entries[k]->result_count = result_counts[k];
+      entries[k]->finished = true;
+      ++done;
+    }
+    for (const auto& e : entries)
+      if (e) e->finished_cv.notify_all();
+    {
+      std::lock_guard lock(stats_mutex_);
+      stats_.tensors_done += done;
+    }
+    for (const auto& e : entries)
+      if (e && e->done) e->done(handle(e), error);
+  }
+
+  void fail_everything(std::exception_ptr error) {
+    std::deque<std::shared_ptr<engine_entry>> fresh;
+    {
+      std::lock_guard lock(mutex_);
+      if (!failed_) failed_ = error;
+      fresh.swap(fresh_);
+    }
+    join_cv_.notify_all();
+    for (auto& [name, e] : pending_) complete(e, error, 0);
+    pending_.clear();
+    for (auto& e : fresh) complete(e, error, 0);
+  }
+
+  communicator comm_;
+  config cfg_;
+  log_sink log_;
+  clock::time_point origin_;
+  std::optional<timeline> timeline_;
+
+  // shared with submitting threads (mutex_)
+  std::mutex mutex_;
+  std::condition_variable wake_, join_cv_;
+  std::deque<std::shared_ptr<engine_entry>> fresh_;
+  bool shutdown_requested_ = false;
+  bool sleeping_ = false;  // the background thread waits for work (a submission must wake it)
+  bool join_requested_ = false;
+  bool join_done_ = false;
+  int last_joined_ = -1;
+  std::exception_ptr failed_;
+
+  mutable std::mutex stats_mutex_;
+  engine::statistics stats_;
+
+  // background thread only
+  std::map<std::string, std::shared_ptr<engine_entry>> pending_;
+  std::vector<cache_entry> cache_;
+  std::map<std::string, std::uint32_t> cache_slot_;
+  bool joined_ = false;
+  std::vector<std::byte> fusion_, scratch_;
+
+  // coordinator only
+  std::map<std::string, table_entry> table_;
+  std::vector<std::pair<std::string, std::string>> stalled_out_;
+  std::vector<bool> joined_ranks_, shutdown_ranks_;
+  int last_joined_rank_ = -1;
+  std::uint64_t next_order_ = 0;
+
+  std::thread thread_;  // last: started after everything above exists
+};
+
+}  // namespace detail
+
+// ---- handle --------------------------------------------------------------------------------------
+
+bool handle::test() const {
+  if (!entry_) return true;
+  std::lock_guard lock(entry_->mutex);
+  return entry_->finished;
+}
+
+void handle::wait(deadline until) const {
+  if (!entry_) return;
+  std::unique_lock lock(entry_->mutex);
+  if (!entry_->finished_cv.wait_until(lock, until, [&] { return entry_->finished; }))
+    throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
+                        "\" did not complete before its deadline");
+  if (entry_->error) std::rethrow_exception(entry_->error);
+}
+
+void handle::wait() const {
+  if (entry_) wait(deadline_after(entry_->default_timeout));
+}
+
+std::size_t handle::result_count() const {
+  if (!entry_) return 0;
+  std::lock_guard lock(entry_->mutex);
+  return entry_->finished && entry_->desc.kind != collective_kind::allreduce ? entry_->result_count
+                                                                             : entry_->desc.count;
+}
+
+const std::string& handle::name() const {
+  static const std::string none;
+  return entry_ ? entry_->name : none;
+}
+
+// ---- engine --------------------------------------------------------------------------------------
+
+engine::engine(communicator& comm, std::optional<config> cfg, log_sink log) {
+  if (comm.mpi_comm() != MPI_COMM_NULL && comm.transport().kind() == transport_kind::mpi) {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+      throw usage_error(
+          "engine: its background thread calls MPI while your threads may too, so it needs "
+          "MPI_THREAD_MULTIPLE; initialize MPI with MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, "
+          "&provided) (or use FLEXPAR_TRANSPORT=ucx)");
+  }
+  core_ = std::make_unique<detail::engine_core>(comm, cfg ? *cfg : comm.settings(), std::move(log));
+}
+
+engine::~engine() = default;
+
+handle engine::submit(std::string name, collective_kind kind, dtype type, reduce_op op, int root,
+                      std::span<const std::byte> in, std::span<std::byte> out, std::size_t count,
+                      completion_callback done) {
+  return core_->submit(std::move(name), kind, type, op, root, in, out, count, std::move(done));
+}
+
+void engine::check_bytes(std::string_view op, const std::string& name, std::size_t bytes, dtype type,
+                         std::size_t count) {
+  if (bytes < count * size_of(type))
+    throw usage_error("engine: " + std::string(op) + " \"" + name + "\": a buffer of " + std::to_string(bytes) +
+                      " bytes cannot hold " + std::to_string(count) + " " + std::string(name_of(type)) + " elements");
+}
+
+int engine::join() { return core_->join(); }
+int engine::rank() const noexcept { return core_->comm().rank(); }
+int engine::size() const noexcept { return core_->comm().size(); }
+const config& engine::settings() const noexcept { return core_->settings(); }
+engine::statistics engine::stats() const { return core_->stats(); }
+
+}  // namespace flexpar

@@ -1,0 +1,159 @@
+// The collectives under mpiexec (1-5 ranks) against MPI's own collectives on the same input, for
+// the dtypes MPI has; f16/bf16 against the serial oracle.
+#include <gtest/gtest.h>
+
+#include <flexpar/collective.hpp>
+
+#include "oracle.hpp"
+#include "sweep.hpp"
+
+namespace flexpar {
+namespace {
+
+using namespace testing_support;
+
+communicator make_comm() {
+  config cfg = config::from_environment();
+  cfg.timeout = std::chrono::seconds(60);
+  return communicator::from_mpi(MPI_COMM_WORLD, cfg);
+}
+
+template <element T>
+MPI_Datatype mpi_type() {
+  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+  if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+  if constexpr (std::is_same_v<T, std::int8_t>) return MPI_INT8_T;
+  if constexpr (std::is_same_v<T, std::uint8_t>) return MPI_UINT8_T;
+  if constexpr (std::is_same_v<T, std::int32_t>) return MPI_INT32_T;
+  if constexpr (std::is_same_v<T, std::int64_t>) return MPI_INT64_T;
+  return MPI_DATATYPE_NULL;  // half, bfloat16: MPI has none
+}
+
+MPI_Op mpi_op(reduce_op op) {
+  switch (op) {
+    case reduce_op::prod: return MPI_PROD;
+    case reduce_op::min: return MPI_MIN;
+    case reduce_op::max: return MPI_MAX;
+    case reduce_op::sum:
+    case reduce_op::avg: break;
+  }
+  return MPI_SUM;
+}
+
+/// MPI_Allreduce of `input` (avg: MPI's sum, then the same division flexpar documents).
+template <element T>
+std::vector<T> mpi_allreduce(const communicator& comm, const std::vector<T>& input, reduce_op op) {
+  std::vector<T> out(input.size());
+  EXPECT_EQ(MPI_Allreduce_c(input.data(), out.data(), static_cast<MPI_Count>(input.size()), mpi_type<T>(), mpi_op(op),
+                            comm.mpi_comm()),
+            MPI_SUCCESS);
+  if (op == reduce_op::avg) scale_for_average(std::span(out), comm.size());
+  return out;
+}
+
+/// The oracle of an allreduce of every rank's make_input: MPI's own where MPI has the type.
+template <element T>
+std::vector<T> oracle(const communicator& comm, reduce_op op, std::size_t count) {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>)
+    return expected_reduction<T>(op, comm.size(), count);
+  else
+    return mpi_allreduce(comm, make_input<T>(op, comm.rank(), count), op);
+}
+
+TEST(mpi_collectives, allreduce_every_algorithm_dtype_and_op_matches_mpi) {
+  communicator comm = make_comm();
+  for_each_dtype([&](auto zero) {
+    using T = decltype(zero);
+    for (const auto& c : sweep_cases<T>(dtype_of<T> == dtype::f32)) {
+      if (!c.in_place && c.count > 7) continue;  // out of place is the same path after one copy
+      const std::vector<T> want = oracle<T>(comm, c.op, c.count);
+      for (algorithm a : {algorithm::ring, algorithm::halving_doubling, algorithm::shared_memory, algorithm::automatic}) {
+        const std::vector<T> input = make_input<T>(c.op, comm.rank(), c.count);
+        std::vector<T> out(c.count, from_int<T>(99));
+        if (c.in_place) {
+          out = input;
+          allreduce(comm, std::span(out), c.op, a);
+        } else {
+          allreduce(comm, std::span(input), std::span(out), c.op, a);
+        }
+        EXPECT_TRUE(same_elements(out, want, describe<T>(c, comm, "allreduce " + std::string(name_of(a)))));
+      }
+    }
+  });
+}
+
+TEST(mpi_collectives, hierarchical_allreduce_over_a_configured_mesh_matches_mpi) {
+  config cfg = config::from_environment();
+  cfg.timeout = std::chrono::seconds(60);
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  cfg.ranks_per_node = size % 2 == 0 ? 2 : 1;  // two "nodes" of one machine's ranks where p is even
+  communicator comm = communicator::from_mpi(MPI_COMM_WORLD, cfg);
+  for (std::size_t count : {std::size_t{0}, std::size_t{7}, (std::size_t{1} << 18) + 3}) {
+    std::vector<float> data = make_input<float>(reduce_op::sum, comm.rank(), count);
+    const std::vector<float> want = oracle<float>(comm, reduce_op::sum, count);
+    allreduce(comm, std::span(data), reduce_op::sum, algorithm::hierarchical);
+    EXPECT_TRUE(same_elements(data, want, "hierarchical allreduce count " + std::to_string(count)));
+  }
+}
+
+TEST(mpi_collectives, reduce_scatter_v_allgather_v_broadcast_reduce_alltoall_match_mpi) {
+  communicator comm = make_comm();
+  const int p = comm.size();
+  const auto me = static_cast<std::size_t>(comm.rank());
+  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, pipeline_chunk_bytes / sizeof(std::int32_t) + 1}) {
+    const std::vector<std::size_t> counts = uneven_counts(p, count);
+    const block_layout layout = block_layout::of_counts(counts);
+    std::vector<int> mpi_counts(counts.begin(), counts.end()), mpi_displs(layout.displs.begin(), layout.displs.end());
+    const std::string what = "count " + std::to_string(count);
+
+    // reduce_scatter_v vs MPI_Reduce_scatter
+    const std::vector<std::int32_t> input = make_input<std::int32_t>(reduce_op::sum, comm.rank(), layout.total);
+    std::vector<std::int32_t> mine(counts[me]), want(counts[me]);
+    reduce_scatter_v(comm, std::span(input), std::span(mine), counts, reduce_op::sum);
+    ASSERT_EQ(MPI_Reduce_scatter(input.data(), want.data(), mpi_counts.data(), MPI_INT32_T, MPI_SUM, comm.mpi_comm()),
+              MPI_SUCCESS);
+    EXPECT_TRUE(same_elements(mine, want, "reduce_scatter_v " + what));
+
+    // allgather_v (both algorithms) vs MPI_Allgatherv
+    std::vector<std::int32_t> gathered_mpi(layout.total);
+    ASSERT_EQ(MPI_Allgatherv(want.data(), mpi_counts[me], MPI_INT32_T, gathered_mpi.data(), mpi_counts.data(),
+                             mpi_displs.data(), MPI_INT32_T, comm.mpi_comm()),
+              MPI_SUCCESS);
+    for (algorithm a : {algorithm::ring, algorithm::recursive_doubling}) {
+      std::vector<std::int32_t> gathered(layout.total, 99);
+      allgather_v(comm, std::span(want), std::span(gathered), counts, a);
+      EXPECT_TRUE(same_elements(gathered, gathered_mpi, "allgather_v " + std::string(name_of(a)) + " " + what));
+    }
+
+    // broadcast and reduce from the last rank vs MPI_Bcast / MPI_Reduce
+    const int root = p - 1;
+    for (algorithm a : {algorithm::chain, algorithm::binomial_tree}) {
+      std::vector<double> data = make_input<double>(reduce_op::max, comm.rank(), count), data_mpi = data;
+      broadcast(comm, std::span(data), root, a);
+      ASSERT_EQ(MPI_Bcast(data_mpi.data(), static_cast<int>(count), MPI_DOUBLE, root, comm.mpi_comm()), MPI_SUCCESS);
+      EXPECT_TRUE(same_elements(data, data_mpi, "broadcast " + std::string(name_of(a)) + " " + what));
+      const std::vector<double> in = make_input<double>(reduce_op::prod, comm.rank(), count);
+      std::vector<double> out(count), out_mpi(count);
+      reduce(comm, std::span(in), std::span(out), reduce_op::prod, root, a);
+      ASSERT_EQ(MPI_Reduce(in.data(), out_mpi.data(), static_cast<int>(count), MPI_DOUBLE, MPI_PROD, root, comm.mpi_comm()),
+                MPI_SUCCESS);
+      if (comm.rank() == root) {
+        EXPECT_TRUE(same_elements(out, out_mpi, "reduce " + std::string(name_of(a)) + " " + what));
+      }
+    }
+
+    // alltoall vs MPI_Alltoall
+    const std::vector<std::int64_t> blocks = make_input<std::int64_t>(reduce_op::min, comm.rank(), count * static_cast<std::size_t>(p));
+    std::vector<std::int64_t> out(blocks.size(), 99), out_mpi(blocks.size());
+    alltoall(comm, std::span(blocks), std::span(out));
+    ASSERT_EQ(MPI_Alltoall(blocks.data(), static_cast<int>(count), MPI_INT64_T, out_mpi.data(), static_cast<int>(count),
+                           MPI_INT64_T, comm.mpi_comm()),
+              MPI_SUCCESS);
+    EXPECT_TRUE(same_elements(out, out_mpi, "alltoall " + what));
+  }
+  barrier(comm);
+}
+
+}  // namespace
+}  // namespace flexpar

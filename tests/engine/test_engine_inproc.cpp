@@ -1,0 +1,214 @@
+// The engine over threads-as-ranks: every scenario at several world sizes, plus stall and timeline.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <flexpar/transport/inproc.hpp>
+
+#include "engine_scenarios.hpp"
+#include "gradient_sync_scenarios.hpp"
+
+namespace flexpar {
+namespace {
+
+config test_config(std::size_t fusion = std::size_t{1} << 20) {
+  config c;
+  c.timeout = std::chrono::seconds(60);
+  c.fusion_threshold = fusion;
+  c.cycle_time = std::chrono::microseconds(500);
+  return c;
+}
+
+class engine_inproc : public ::testing::TestWithParam<int> {};
+
+TEST_P(engine_inproc, random_order_with_fusion) {
+  run_in_process(GetParam(),
+                 [](communicator& comm) { testing_support::random_order_allreduces(comm, test_config(), 300, 3000); });
+}
+
+TEST_P(engine_inproc, random_order_without_fusion) {
+  run_in_process(GetParam(),
+                 [](communicator& comm) { testing_support::random_order_allreduces(comm, test_config(0), 200, 300); });
+}
+
+TEST_P(engine_inproc, every_collective) {
+  run_in_process(GetParam(), [](communicator& comm) { testing_support::every_collective(comm, test_config()); });
+}
+
+TEST_P(engine_inproc, join_with_uneven_steps) {
+  run_in_process(GetParam(), [](communicator& comm) { testing_support::uneven_steps_with_join(comm, test_config()); });
+}
+
+TEST_P(engine_inproc, gradient_sync_average_and_sum_with_and_without_fp16) {
+  run_in_process(GetParam(), [](communicator& comm) {
+    for (auto reduction : {gradient_reduction::average, gradient_reduction::sum})
+      for (auto compression : {wire_compression::none, wire_compression::fp16})
+        testing_support::gradient_sync_steps(comm, test_config(), reduction, compression);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(world, engine_inproc, ::testing::Values(1, 2, 3, 4, 5),
+                         [](const auto& info) { return std::string("p").append(std::to_string(info.param)); });
+
+TEST(engine_inproc_errors, mismatches_name_the_field_and_the_ranks) {
+  for (int p : {2, 3}) run_in_process(p, [](communicator& comm) { testing_support::mismatches(comm, test_config()); });
+}
+
+TEST(engine_inproc_errors, submitting_a_name_that_is_in_flight_is_a_usage_error) {
+  run_in_process(2, [](communicator& comm) {
+    engine eng(comm, test_config());
+    std::vector<float> a(4, 1.0f), b(4, 1.0f);
+    handle first, second;
+    if (comm.rank() == 0) {
+      first = eng.allreduce_async("x", std::span(a), reduce_op::sum);
+      second = eng.allreduce_async("x", std::span(b), reduce_op::sum);
+      EXPECT_NE(
+          testing_support::what_of(second).find("\"x\" was submitted again while the previous one is still in flight"),
+          std::string::npos)
+          << testing_support::what_of(second);
+      first.wait();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      eng.allreduce_async("x", std::span(a), reduce_op::sum).wait();
+    }
+    EXPECT_EQ(a[0], 2.0f);
+  });
+}
+
+TEST(engine_inproc_errors, a_withheld_tensor_warns_then_times_out_on_the_ranks_that_submitted_it) {
+  std::mutex log_mutex;
+  std::vector<std::string> lines;
+  run_in_process(3, [&](communicator& comm) {
+    config cfg = test_config();
+    cfg.stall_warning = std::chrono::milliseconds(200);
+    cfg.stall_shutdown = std::chrono::milliseconds(1000);
+    engine eng(comm, cfg, [&](std::string_view line) {
+      std::lock_guard lock(log_mutex);
+      lines.emplace_back(line);
+    });
+    std::vector<float> v(16, 1.0f);
+    if (comm.rank() != 1) {
+      const auto start = clock::now();
+      handle h = eng.allreduce_async("withheld", std::span(v), reduce_op::sum);
+      try {
+        h.wait();
+        ADD_FAILURE() << "a tensor rank 1 never submitted completed";
+      } catch (const timeout_error& e) {
+        const double waited = std::chrono::duration<double>(clock::now() - start).count();
+        EXPECT_GE(waited, 0.95);
+        EXPECT_LT(waited, 5.0);
+        EXPECT_NE(std::string(e.what()).find("allreduce \"withheld\": rank {1} did not submit it within 1 s"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    // Everyone goes on working afterwards. Rank 1 comes later than the others' timeout (had it
+    // submitted "next" at once, "next" would itself have stalled past the deadline while the
+    // others were blocked waiting for "withheld").
+    if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    eng.allreduce_async("next", std::span(v), reduce_op::sum).wait();
+    EXPECT_EQ(v[0], 3.0f);
+  });
+  bool warned = false;
+  for (const auto& l : lines)
+    warned = warned || (l.find("stall: allreduce \"withheld\" submitted by ranks {0,2}") != std::string::npos &&
+                        l.find("for rank {1}") != std::string::npos);
+  EXPECT_TRUE(warned) << "no stall warning naming the tensor and rank 1 among " << lines.size() << " lines";
+}
+
+TEST(engine_inproc_errors, join_has_a_deadline) {
+  run_in_process(2, [](communicator& comm) {
+    config cfg = test_config();
+    cfg.timeout = std::chrono::milliseconds(400);
+    engine eng(comm, cfg);
+    if (comm.rank() == 0) {
+      try {
+        eng.join();
+        ADD_FAILURE() << "join returned although rank 1 never joined";
+      } catch (const timeout_error& e) {
+        EXPECT_NE(std::string(e.what()).find("engine::join: not every rank joined within 0.4 s"), std::string::npos)
+            << e.what();
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    }
+  });
+}
+
+TEST(engine_timeline, chrome_trace_has_every_phase_per_tensor_and_monotonic_tracks) {
+  const std::string path = (std::filesystem::temp_directory_path() / "flexpar_engine_timeline_test.json").string();
+  std::filesystem::remove(path);
+  run_in_process(2, [&](communicator& comm) {
+    config cfg = test_config();
+    cfg.timeline_path = path;
+    cfg.timeline_mark_cycles = true;
+    engine eng(comm, cfg);
+    std::vector<std::vector<float>> grads(6, std::vector<float>(256, 1.0f));
+    for (int step = 0; step < 3; ++step) {
+      std::vector<handle> hs;
+      for (std::size_t i = 0; i < grads.size(); ++i)
+        hs.push_back(eng.allreduce_async("layer" + std::to_string(i) + ".grad", std::span(grads[i]), reduce_op::sum));
+      for (auto& h : hs) h.wait();
+    }
+  });
+  std::ifstream file(path);
+  ASSERT_TRUE(file) << path;
+  const nlohmann::json doc = nlohmann::json::parse(file);
+  const auto& events = doc.at("traceEvents");
+  std::map<std::pair<int, int>, std::string> track_names;
+  for (const auto& e : events)
+    if (e.at("ph") == "M" && e.at("name") == "thread_name")
+      track_names[{e.at("pid").get<int>(), e.at("tid").get<int>()}] = e.at("args").at("name");
+  std::map<std::pair<int, std::string>, std::set<std::string>> phases;  // (rank, tensor) -> event names
+  std::map<std::pair<int, int>, double> last_ts;
+  std::set<int> ranks;
+  for (const auto& e : events) {
+    if (e.at("ph") == "M") continue;
+    const int pid = e.at("pid"), tid = e.at("tid");
+    ranks.insert(pid);
+    const double ts = e.at("ts");
+    auto [it, fresh] = last_ts.try_emplace({pid, tid}, ts);
+    EXPECT_GE(ts, it->second) << "track " << track_names[{pid, tid}] << " of rank " << pid << " goes back in time";
+    it->second = ts;
+    phases[{pid, track_names[{pid, tid}]}].insert(e.at("name").get<std::string>());
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+  for (int rank : {0, 1})
+    for (int i = 0; i < 6; ++i) {
+      const auto& got = phases[{rank, "layer" + std::to_string(i) + ".grad"}];
+      for (const char* want :
+           {"NEGOTIATE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"})
+        EXPECT_TRUE(got.contains(want)) << "rank " << rank << " layer" << i << " has no " << want;
+      if (rank == 0) {
+        EXPECT_TRUE(got.contains("READY rank 1")) << "the coordinator marks each rank's readiness";
+      }
+    }
+  EXPECT_FALSE((phases[{0, "cycles"}].empty()));
+  std::filesystem::remove(path);
+}
+
+TEST(engine_cache, steady_state_reports_cache_slots) {
+  run_in_process(2, [](communicator& comm) {
+    engine eng(comm, test_config());
+    std::vector<float> v(64, 1.0f);
+    for (int step = 0; step < 5; ++step) eng.allreduce_async("w", std::span(v), reduce_op::sum).wait();
+    const auto s = eng.stats();
+    EXPECT_EQ(s.full_reports, 1u);
+    EXPECT_EQ(s.cache_hits, 4u);
+    // A new count for a cached name is negotiated in full again.
+    std::vector<float> bigger(65, 1.0f);
+    eng.allreduce_async("w", std::span(bigger), reduce_op::sum).wait();
+    EXPECT_EQ(eng.stats().full_reports, 2u);
+    EXPECT_EQ(bigger[64], 2.0f);
+  });
+}
+
+}  // namespace
+}  // namespace flexpar
