@@ -17,6 +17,7 @@
 
 namespace flexpar {
 
+/// One rank's Chrome-trace events (spans and marks on named tracks), gathered into one file.
 class timeline {
  public:
   /// `origin`: the moment that is time 0 in the file.
@@ -29,6 +30,7 @@ class timeline {
   void mark(std::string_view track, std::string_view name, clock::time_point at,
             std::vector<std::pair<std::string, std::string>> args = {});
 
+  /// Number of events recorded so far.
   [[nodiscard]] std::size_t event_count() const;
   /// This rank's events as a JSON array (each event with pid = rank), sorted by time per track.
   [[nodiscard]] std::string events_json() const;

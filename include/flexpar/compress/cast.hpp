@@ -19,16 +19,19 @@
 
 namespace flexpar::compress {
 
+/// Round-to-nearest-even cast of f32 values to a 16-bit float type and back (table above).
 template <class Narrow>
 requires std::is_same_v<Narrow, half> || std::is_same_v<Narrow, bfloat16>
 struct cast {
   /// Bytes that encode() writes for `n` floats.
   [[nodiscard]] static constexpr std::size_t encoded_size(std::size_t n) noexcept { return n * sizeof(Narrow); }
 
+  /// Casts every value of `in` into `out` (same length). @throws usage_error on a length mismatch.
   static void encode(std::span<const float> in, std::span<Narrow> out) {
     check(in.size(), out.size());
     for (std::size_t i = 0; i < in.size(); ++i) out[i] = Narrow(in[i]);
   }
+  /// Widens every value of `in` into `out` (same length, exact). @throws usage_error on a length mismatch.
   static void decode(std::span<const Narrow> in, std::span<float> out) {
     check(in.size(), out.size());
     for (std::size_t i = 0; i < in.size(); ++i) out[i] = static_cast<float>(in[i]);

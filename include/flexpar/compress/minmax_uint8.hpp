@@ -21,10 +21,12 @@
 
 namespace flexpar::compress {
 
+/// Per-chunk min-max quantization of f32 to 8 bits (header above: layout, error bound).
 struct minmax_uint8 {
   /// Elements per chunk (each chunk has its own min and max).
   std::size_t chunk = 512;
 
+  /// Bytes before each chunk's codes: its min and max as floats.
   static constexpr std::size_t header_bytes = 2 * sizeof(float);
 
   /// Bytes that encode() writes for `n` floats.

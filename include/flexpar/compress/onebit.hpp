@@ -23,6 +23,7 @@
 
 namespace flexpar::compress {
 
+/// 1-bit sign compression of one tensor, with its error-feedback residual (header above).
 class onebit {
  public:
   /// A compressor for one tensor of `count` floats (it owns that tensor's residual).
@@ -30,7 +31,9 @@ class onebit {
     if (chunk == 0) throw usage_error("onebit: chunk must be positive");
   }
 
+  /// Elements of the tensor this compressor serves.
   [[nodiscard]] std::size_t count() const noexcept { return residual_.size(); }
+  /// Elements per chunk (each chunk has its own scale).
   [[nodiscard]] std::size_t chunk() const noexcept { return chunk_; }
 
   /// Bytes that encode() writes for `n` floats.
@@ -93,6 +96,7 @@ class onebit {
 
   /// The error not yet sent.
   [[nodiscard]] std::span<const float> residual() const noexcept { return residual_; }
+  /// Forgets the residual (e.g. when the model is re-initialized).
   void reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }
 
  private:

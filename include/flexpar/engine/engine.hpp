@@ -77,6 +77,7 @@ class handle {
   void wait() const;
   /// For allgather: elements received (the sum over ranks of their counts); otherwise the count.
   [[nodiscard]] std::size_t result_count() const;
+  /// The tensor's name as submitted.
   [[nodiscard]] const std::string& name() const;
 
  private:
@@ -91,6 +92,8 @@ using completion_callback = std::function<void(const handle&, std::exception_ptr
 /// Where the engine's warnings go (stall warnings); default: stderr with a "[flexpar rank N]" prefix.
 using log_sink = std::function<void(std::string_view line)>;
 
+/// Asynchronous, negotiated, fused collectives over a communicator (the protocol above).
+/// Owned by the user; submissions are thread-safe.
 class engine {
  public:
   /// Collective over `comm`'s ranks: builds the engine's own sub-communicator (its traffic never
@@ -163,19 +166,23 @@ class engine {
   /// @throws timeout_error when not every rank joined within config::timeout (this rank stays joined).
   int join();
 
+  /// This rank in the engine's communicator (the same as in the communicator it was built on).
   [[nodiscard]] int rank() const noexcept;
+  /// Number of ranks.
   [[nodiscard]] int size() const noexcept;
+  /// The settings the engine runs with.
   [[nodiscard]] const config& settings() const noexcept;
 
   /// Counters since construction (for tests and benchmarks).
   struct statistics {
-    std::size_t cycles = 0;
-    std::size_t tensors_done = 0;
+    std::size_t cycles = 0;        ///< negotiation cycles run
+    std::size_t tensors_done = 0;  ///< handles completed (successfully or not)
     std::size_t fused_collectives = 0;  ///< collectives that carried more than one tensor
     std::size_t collectives = 0;        ///< collectives run (fused or not)
     std::size_t cache_hits = 0;         ///< tensors this rank reported by cache slot
     std::size_t full_reports = 0;       ///< tensors this rank reported in full
   };
+  /// A snapshot of the counters.
   [[nodiscard]] statistics stats() const;
 
  private:

@@ -36,16 +36,20 @@ enum class wire_compression : unsigned char {
   fp16,  ///< f32 gradients travel as IEEE half (half the bytes; reduced in f32 per step of the ring)
 };
 
+/// How a gradient_sync reduces, compresses and accumulates.
 struct gradient_sync_options {
-  gradient_reduction reduction = gradient_reduction::average;
-  wire_compression compression = wire_compression::none;
+  gradient_reduction reduction = gradient_reduction::average;  ///< average or sum
+  wire_compression compression = wire_compression::none;       ///< what the gradients travel as
   /// Gradients of this many backward passes are accumulated locally (in the grad buffers, by the
   /// caller's backward) before one synchronization.
   int backward_passes_per_step = 1;
 };
 
+/// Data-parallel gradient synchronization over an engine (usage above).
 class gradient_sync {
  public:
+  /// Synchronizes through `eng` (which must outlive this object).
+  /// @throws usage_error when backward_passes_per_step < 1.
   gradient_sync(engine& eng, gradient_sync_options options = {});
   ~gradient_sync();
   gradient_sync(const gradient_sync&) = delete;
@@ -72,6 +76,7 @@ class gradient_sync {
   /// Collective: every rank's parameters become rank `root`'s.
   void broadcast_parameters(int root);
 
+  /// The options it was built with.
   [[nodiscard]] const gradient_sync_options& options() const noexcept;
 
  private:
