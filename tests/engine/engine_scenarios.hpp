@@ -183,6 +183,73 @@ inline void mismatches(communicator& comm, const config& cfg) {
   EXPECT_EQ(ok, std::vector<float>(10, static_cast<float>(p)));
 }
 
+/// The whole matrix: every field that must agree (count, dtype, op, root) on every collective that
+/// has it, differing on rank 1 only. Every rank gets the mismatch naming the field, both values and
+/// the ranks; afterwards the engine still runs a correct collective.
+inline void mismatch_matrix(communicator& comm, const config& cfg) {
+  engine eng(comm, cfg);
+  const int p = comm.size(), me = comm.rank();
+  ASSERT_GE(p, 2);
+  const bool odd = me == 1;
+  std::string others = p == 2 ? "rank {0}" : "ranks {0";
+  if (p > 2) {
+    for (int r = 2; r < p; ++r) others.append(",").append(std::to_string(r));
+    others += "}";
+  }
+  const std::size_t n = 4 * static_cast<std::size_t>(p);  // divisible by p, for alltoall
+  std::vector<float> f(4 * n, 1.0f), f_out(16 * n);
+  std::vector<double> d(4 * n, 1.0), d_out(16 * n);
+  const std::size_t my_n = odd ? 2 * n : n;
+  auto expect = [&](const handle& h, const std::string& want) {
+    const std::string got = what_of(h);
+    EXPECT_NE(got.find(want), std::string::npos) << "want: " << want << "\ngot:  " << got;
+    EXPECT_THROW(h.wait(), mismatch_error);
+  };
+  const auto f_in = [&](std::size_t k) { return std::span<const float>(f).first(k); };
+  const std::string counts =
+      "count " + std::to_string(n) + " on " + others + " but " + std::to_string(2 * n) + " on rank {1}";
+  const std::string dtypes = "dtype f32 on " + others + " but f64 on rank {1}";
+  // count
+  expect(eng.allreduce_async("c.ar", std::span(f).first(my_n), reduce_op::sum), "allreduce \"c.ar\": " + counts);
+  expect(eng.broadcast_async("c.bc", std::span(f).first(my_n), 0), "broadcast \"c.bc\": " + counts);
+  expect(eng.reduce_scatter_async("c.rs", f_in(my_n), std::span(f_out), reduce_op::sum),
+         "reduce_scatter \"c.rs\": " + counts);
+  expect(eng.alltoall_async("c.aa", f_in(my_n), std::span(f_out)), "alltoall \"c.aa\": " + counts);
+  // dtype (allgather too: its counts may differ, its dtype may not)
+  auto typed = [&](auto&& with_float, auto&& with_double) { return odd ? with_double() : with_float(); };
+  expect(typed([&] { return eng.allreduce_async("t.ar", std::span(f).first(n), reduce_op::sum); },
+               [&] { return eng.allreduce_async("t.ar", std::span(d).first(n), reduce_op::sum); }),
+         "allreduce \"t.ar\": " + dtypes);
+  expect(typed([&] { return eng.allgather_async("t.ag", f_in(n), std::span(f_out)); },
+               [&] { return eng.allgather_async("t.ag", std::span<const double>(d).first(n), std::span(d_out)); }),
+         "allgather \"t.ag\": " + dtypes);
+  expect(typed([&] { return eng.broadcast_async("t.bc", std::span(f).first(n), 0); },
+               [&] { return eng.broadcast_async("t.bc", std::span(d).first(n), 0); }),
+         "broadcast \"t.bc\": " + dtypes);
+  expect(typed([&] { return eng.reduce_scatter_async("t.rs", f_in(n), std::span(f_out), reduce_op::sum); },
+               [&] {
+                 return eng.reduce_scatter_async("t.rs", std::span<const double>(d).first(n), std::span(d_out),
+                                                 reduce_op::sum);
+               }),
+         "reduce_scatter \"t.rs\": " + dtypes);
+  expect(typed([&] { return eng.alltoall_async("t.aa", f_in(n), std::span(f_out)); },
+               [&] { return eng.alltoall_async("t.aa", std::span<const double>(d).first(n), std::span(d_out)); }),
+         "alltoall \"t.aa\": " + dtypes);
+  // op
+  const reduce_op op = odd ? reduce_op::min : reduce_op::max;
+  expect(eng.allreduce_async("o.ar", std::span(f).first(n), op),
+         "allreduce \"o.ar\": op max on " + others + " but min on rank {1}");
+  expect(eng.reduce_scatter_async("o.rs", f_in(n), std::span(f_out), op),
+         "reduce_scatter \"o.rs\": op max on " + others + " but min on rank {1}");
+  // root
+  expect(eng.broadcast_async("r.bc", std::span(f).first(n), odd ? p - 1 : 0),
+         "broadcast \"r.bc\": root 0 on " + others + " but " + std::to_string(p - 1) + " on rank {1}");
+  // and the engine still works
+  std::vector<std::int32_t> ok(5, 1);
+  eng.allreduce_async("after", std::span(ok), reduce_op::sum).wait();
+  EXPECT_EQ(ok, std::vector<std::int32_t>(5, p));
+}
+
 /// join: rank r runs r + 1 steps of an allreduce; the others see zeros from joined ranks.
 inline void uneven_steps_with_join(communicator& comm, const config& cfg) {
   engine eng(comm, cfg);

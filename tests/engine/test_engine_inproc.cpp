@@ -61,6 +61,11 @@ TEST(engine_inproc_errors, mismatches_name_the_field_and_the_ranks) {
   for (int p : {2, 3}) run_in_process(p, [](communicator& comm) { testing_support::mismatches(comm, test_config()); });
 }
 
+TEST(engine_inproc_errors, every_field_on_every_collective) {
+  for (int p : {2, 4})
+    run_in_process(p, [](communicator& comm) { testing_support::mismatch_matrix(comm, test_config()); });
+}
+
 TEST(engine_inproc_errors, submitting_a_name_that_is_in_flight_is_a_usage_error) {
   run_in_process(2, [](communicator& comm) {
     engine eng(comm, test_config());

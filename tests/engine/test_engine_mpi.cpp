@@ -38,6 +38,11 @@ TEST_F(mpi_engine, gradient_sync) {
   testing_support::gradient_sync_steps(comm, cfg, gradient_reduction::sum, wire_compression::fp16);
 }
 
+TEST_F(mpi_engine, mismatch_matrix) {
+  if (comm.size() < 2) GTEST_SKIP() << "needs two ranks";
+  testing_support::mismatch_matrix(comm, cfg);
+}
+
 TEST_F(mpi_engine, join_with_uneven_steps) { testing_support::uneven_steps_with_join(comm, cfg); }
 
 }  // namespace
