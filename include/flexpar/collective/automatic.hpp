@@ -26,8 +26,13 @@
 namespace flexpar {
 
 /// Sets the machine that `automatic` evaluates costs with on `comm` (no measurement then).
-/// Not collective, but every rank must set the same values, or ranks may pick different algorithms.
-inline void set_cost_params(communicator& comm, const cost_params& machine) { detail::context_of(comm).machine = machine; }
+/// Call it on every rank, with the same values: it may build the communicator's collective context
+/// (which is collective), and ranks with different machines could pick different algorithms.
+inline void set_cost_params(communicator& comm, const cost_params& machine) {
+  detail::collective_context& ctx = detail::context_of(comm);
+  ctx.machine = machine;
+  ctx.last_allreduce_bytes = ~std::size_t{0};  // choices made on the old machine no longer hold
+}
 
 namespace detail {
 

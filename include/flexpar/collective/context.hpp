@@ -33,9 +33,9 @@ inline constexpr std::size_t pipeline_chunk_bytes = std::size_t{1} << 19;
 
 /// Counts and offsets of p consecutive blocks of one buffer.
 struct block_layout {
-  std::vector<std::size_t> counts;
-  std::vector<std::size_t> displs;
-  std::size_t total = 0;
+  std::vector<std::size_t> counts;  ///< elements of each block
+  std::vector<std::size_t> displs;  ///< offset of each block from the start of the buffer
+  std::size_t total = 0;            ///< elements of all blocks
 
   /// n elements in p blocks as equal as can be: the first n % p blocks have one more.
   static block_layout even(std::size_t n, int p) {
@@ -53,9 +53,13 @@ struct block_layout {
     b.total = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
     return b;
   }
+  /// Elements of block `block`.
   [[nodiscard]] std::size_t count(int block) const { return counts[static_cast<std::size_t>(block)]; }
+  /// Offset of block `block`.
   [[nodiscard]] std::size_t displ(int block) const { return displs[static_cast<std::size_t>(block)]; }
+  /// Elements of the largest block (0 for no blocks).
   [[nodiscard]] std::size_t max_count() const { return counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end()); }
+  /// Block `block` of `data`.
   template <class T>
   [[nodiscard]] std::span<T> of(std::span<T> data, int block) const { return data.subspan(displ(block), count(block)); }
 };

@@ -39,6 +39,7 @@ struct cost {
            copy_bytes * m.copy_beta;
   }
 
+  /// The cost of running `a` then `b`: every term adds.
   friend constexpr cost operator+(cost a, const cost& b) noexcept {
     a.steps += b.steps;
     a.wire_bytes += b.wire_bytes;
