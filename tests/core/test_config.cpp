@@ -23,7 +23,7 @@ TEST(config, defaults_when_nothing_is_set) {
   EXPECT_EQ(c.timeout, std::chrono::seconds(300));
   EXPECT_EQ(c.transport, transport_kind::mpi);
   EXPECT_EQ(c.ranks_per_node, 0);
-  EXPECT_EQ(c.spin, std::chrono::microseconds(10000));
+  EXPECT_EQ(c.spin, std::chrono::microseconds(100000));
 }
 
 TEST(config, reads_every_variable) {

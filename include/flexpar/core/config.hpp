@@ -41,12 +41,12 @@ struct config {
   /// many consecutive ranks as one node. Lets hierarchical algorithms be tested on one machine.
   int ranks_per_node = 0;
 
-  /// FLEXPAR_SPIN_US (microseconds; default 10000): how long a wait polls its transport (yielding
+  /// FLEXPAR_SPIN_US (microseconds; default 100000): how long a wait polls its transport (yielding
   /// the core between polls) before it sleeps: MPI between polls (2 us doubling to 256 us), UCX on the
   /// worker's event file descriptor. Transfers make progress only while polled (rendezvous stages,
   /// UCX's TCP), so waits shorter than this run at full speed; a rank idle for longer does not burn
   /// a core.
-  std::chrono::microseconds spin{10000};
+  std::chrono::microseconds spin{100000};
 
   // ---- engine (include/flexpar/engine/engine.hpp) ----
 

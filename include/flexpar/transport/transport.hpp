@@ -55,7 +55,7 @@ struct request_info {
   tag_t tag = 0;
   std::size_t size = 0;  // bytes offered (send) or room for (recv)
   /// How long wait_until() polls before it starts sleeping between polls (config::spin).
-  std::chrono::microseconds spin{10000};
+  std::chrono::microseconds spin{100000};
 };
 
 /// "[rank 1] ucx: recv of 4096 bytes from rank 0 (tag 7)"
