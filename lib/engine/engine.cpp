@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "collective_calls.hpp"
 #include "wire.hpp"
@@ -897,14 +898,14 @@ class engine_core {
   engine::statistics stats_;
 
   // background thread only
-  std::map<std::string, std::shared_ptr<engine_entry>> pending_;
+  std::unordered_map<std::string, std::shared_ptr<engine_entry>> pending_;
   std::vector<cache_entry> cache_;
-  std::map<std::string, std::uint32_t> cache_slot_;
+  std::unordered_map<std::string, std::uint32_t> cache_slot_;
   bool joined_ = false;
   std::vector<std::byte> fusion_, scratch_;
 
   // coordinator only
-  std::map<std::string, table_entry> table_;
+  std::unordered_map<std::string, table_entry> table_;  // completion order comes from table_entry::order
   std::vector<std::pair<std::string, std::string>> stalled_out_;
   std::vector<bool> joined_ranks_, shutdown_ranks_;
   int last_joined_rank_ = -1;
