@@ -26,6 +26,7 @@
 #include <flexpar/transport/mpi.hpp>
 #include <flexpar/transport/ucx.hpp>
 #include <flexpar/version.hpp>
+#include "bench_cli.hpp"
 
 #if FLEXPAR_HAVE_UCX
 #include "p2p_raw_ucx.hpp"
@@ -35,23 +36,7 @@ namespace {
 
 using flexpar::deadline_after;
 
-std::size_t parse_size(const std::string& text) {
-  std::size_t pos = 0;
-  const double value = std::stod(text, &pos);
-  double scale = 1;
-  if (pos < text.size()) {
-    switch (text[pos]) {
-      case 'K':
-      case 'k': scale = 1024.0; break;
-      case 'M':
-      case 'm': scale = 1024.0 * 1024; break;
-      case 'G':
-      case 'g': scale = 1024.0 * 1024 * 1024; break;
-      default: throw CLI::ValidationError("size", "unknown suffix in " + text);
-    }
-  }
-  return static_cast<std::size_t>(value * scale);
-}
+using flexpar::bench::parse_size;
 
 /// One round trip of `size` bytes between ranks 0 and 1: rank 0 sends first, rank 1 echoes.
 using round_trip = std::function<void(std::span<const std::byte> out, std::span<std::byte> in)>;

@@ -24,6 +24,8 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
+#include <flexpar/core/check_mpi.hpp>
+#include "bench_cli.hpp"
 
 namespace {
 
@@ -38,12 +40,15 @@ const std::map<std::string, collective> collective_names{
     {"allgather", collective::allgather}, {"broadcast", collective::broadcast},
     {"reduce", collective::reduce},       {"alltoall", collective::alltoall}};
 
-const std::map<std::string, algorithm> algorithm_names{
-    {"automatic", algorithm::automatic},         {"ring", algorithm::ring},
-    {"halving_doubling", algorithm::halving_doubling}, {"hierarchical", algorithm::hierarchical},
-    {"shared_memory", algorithm::shared_memory}, {"recursive_doubling", algorithm::recursive_doubling},
-    {"chain", algorithm::chain},                 {"binomial_tree", algorithm::binomial_tree},
-    {"pairwise", algorithm::pairwise}};
+const std::map<std::string, algorithm> algorithm_names{{"automatic", algorithm::automatic},
+                                                       {"ring", algorithm::ring},
+                                                       {"halving_doubling", algorithm::halving_doubling},
+                                                       {"hierarchical", algorithm::hierarchical},
+                                                       {"shared_memory", algorithm::shared_memory},
+                                                       {"recursive_doubling", algorithm::recursive_doubling},
+                                                       {"chain", algorithm::chain},
+                                                       {"binomial_tree", algorithm::binomial_tree},
+                                                       {"pairwise", algorithm::pairwise}};
 
 std::string name_of(collective c) {
   for (const auto& [name, value] : collective_names)
@@ -85,7 +90,9 @@ double bus_factor(collective c, int p) {
 }
 
 /// Exact inputs (small integers): rank r's element i.
-float input_value(int rank, std::size_t i) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 9) - 4); }
+float input_value(int rank, std::size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 9) - 4);
+}
 
 struct run_setup {
   communicator& comm;
@@ -101,7 +108,9 @@ void fill(const run_setup& s) {
   const std::size_t block = s.count / static_cast<std::size_t>(p);
   for (std::size_t i = 0; i < s.count; ++i) {
     switch (s.c) {
-      case collective::allgather: s.buffer[i] = i / block == static_cast<std::size_t>(me) ? input_value(me, i) : -99.0f; break;
+      case collective::allgather:
+        s.buffer[i] = i / block == static_cast<std::size_t>(me) ? input_value(me, i) : -99.0f;
+        break;
       case collective::broadcast: s.buffer[i] = me == 0 ? input_value(0, i) : -99.0f; break;
       default: s.buffer[i] = input_value(me, i); break;
     }
@@ -156,10 +165,6 @@ void run_flexpar(const run_setup& s, algorithm a) {
   }
 }
 
-void check_mpi(int code, const char* call) {
-  if (code != MPI_SUCCESS) throw flexpar::transport_error("MPI", code, std::string(call) + " failed in flexpar_perf");
-}
-
 void run_mpi(const run_setup& s) {
   MPI_Comm comm = s.comm.mpi_comm();
   const auto p = static_cast<std::size_t>(s.comm.size());
@@ -167,24 +172,25 @@ void run_mpi(const run_setup& s) {
   float* data = s.buffer.data();
   const auto n = static_cast<MPI_Count>(s.count);
   switch (s.c) {
-    case collective::allreduce: check_mpi(MPI_Allreduce_c(MPI_IN_PLACE, data, n, MPI_FLOAT, MPI_SUM, comm), "MPI_Allreduce"); break;
+    case collective::allreduce:
+      FLEXPAR_CHECK_MPI(MPI_Allreduce_c(MPI_IN_PLACE, data, n, MPI_FLOAT, MPI_SUM, comm));
+      break;
     case collective::reduce_scatter:
       // MPI's in-place reduce-scatter leaves the result at the start; keep flexpar's layout (block `rank`)
-      check_mpi(MPI_Reduce_scatter_block_c(data, s.scratch.data(), block, MPI_FLOAT, MPI_SUM, comm), "MPI_Reduce_scatter_block");
+      FLEXPAR_CHECK_MPI(MPI_Reduce_scatter_block_c(data, s.scratch.data(), block, MPI_FLOAT, MPI_SUM, comm));
       std::memcpy(data + static_cast<std::size_t>(block) * static_cast<std::size_t>(s.comm.rank()), s.scratch.data(),
                   static_cast<std::size_t>(block) * sizeof(float));
       break;
     case collective::allgather:
-      check_mpi(MPI_Allgather_c(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, block, MPI_FLOAT, comm), "MPI_Allgather");
+      FLEXPAR_CHECK_MPI(MPI_Allgather_c(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, block, MPI_FLOAT, comm));
       break;
-    case collective::broadcast: check_mpi(MPI_Bcast_c(data, n, MPI_FLOAT, 0, comm), "MPI_Bcast"); break;
+    case collective::broadcast: FLEXPAR_CHECK_MPI(MPI_Bcast_c(data, n, MPI_FLOAT, 0, comm)); break;
     case collective::reduce:
-      check_mpi(MPI_Reduce_c(s.comm.rank() == 0 ? MPI_IN_PLACE : data, s.comm.rank() == 0 ? data : nullptr, n, MPI_FLOAT,
-                             MPI_SUM, 0, comm),
-                "MPI_Reduce");
+      FLEXPAR_CHECK_MPI(MPI_Reduce_c(s.comm.rank() == 0 ? MPI_IN_PLACE : data, s.comm.rank() == 0 ? data : nullptr, n,
+                                     MPI_FLOAT, MPI_SUM, 0, comm));
       break;
     case collective::alltoall:
-      check_mpi(MPI_Alltoall_c(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, block, MPI_FLOAT, comm), "MPI_Alltoall");
+      FLEXPAR_CHECK_MPI(MPI_Alltoall_c(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, block, MPI_FLOAT, comm));
       break;
   }
 }
@@ -198,30 +204,17 @@ seconds time_median(MPI_Comm comm, int warmup, int iterations, Op&& op) {
   for (int i = 0; i < warmup; ++i) op();
   std::vector<double> times(static_cast<std::size_t>(iterations));
   for (auto& t : times) {
-    check_mpi(MPI_Barrier(comm), "MPI_Barrier");
+    FLEXPAR_CHECK_MPI(MPI_Barrier(comm));
     const double start = now();
     op();
     t = now() - start;
   }
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, times.data(), iterations, MPI_DOUBLE, MPI_MAX, comm), "MPI_Allreduce");
+  FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, times.data(), iterations, MPI_DOUBLE, MPI_MAX, comm));
   std::nth_element(times.begin(), times.begin() + iterations / 2, times.end());
   return times[static_cast<std::size_t>(iterations / 2)];
 }
 
-std::size_t parse_size(const std::string& text) {
-  std::size_t pos = 0;
-  const double value = std::stod(text, &pos);
-  double scale = 1;
-  if (pos < text.size()) {
-    switch (text[pos]) {
-      case 'K': case 'k': scale = 1024.0; break;
-      case 'M': case 'm': scale = 1024.0 * 1024; break;
-      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; break;
-      default: throw CLI::ValidationError("size", "unknown suffix in '" + text + "' (use K, M or G)");
-    }
-  }
-  return static_cast<std::size_t>(value * scale);
-}
+using flexpar::bench::parse_size;
 
 std::vector<std::string> split_list(const std::string& text) {
   std::vector<std::string> items;
@@ -252,7 +245,8 @@ std::pair<double, double> local_references(std::size_t bytes, int iterations) {
   std::sort(add_times.begin(), add_times.end());
   std::sort(copy_times.begin(), copy_times.end());
   const auto m = add_times.size() / 2;
-  return {static_cast<double>(n * sizeof(float)) / add_times[m], static_cast<double>(n * sizeof(float)) / copy_times[m]};
+  return {static_cast<double>(n * sizeof(float)) / add_times[m],
+          static_cast<double>(n * sizeof(float)) / copy_times[m]};
 }
 
 /// Unidirectional bandwidth from rank 0 to rank 1 over the communicator's transport: a window of
@@ -265,7 +259,8 @@ double p2p_bandwidth(communicator& comm, std::size_t bytes, int iterations) {
   auto once = [&] {
     std::vector<flexpar::request> requests;
     for (int w = 0; w < window; ++w)
-      requests.push_back(comm.rank() == 0 ? comm.transport().isend(1, tag, buffer) : comm.transport().irecv(0, tag, buffer));
+      requests.push_back(comm.rank() == 0 ? comm.transport().isend(1, tag, buffer)
+                                          : comm.transport().irecv(0, tag, buffer));
     flexpar::wait_all(requests, comm.default_deadline());
     if (comm.rank() == 0)
       comm.transport().recv(1, tag + 1, {}, comm.default_deadline());
@@ -297,8 +292,10 @@ int main(int argc, char** argv) {
   app.add_option("-n,--iters", iterations, "timed iterations per row")->check(CLI::Range(1, 100000));
   app.add_option("-w,--warmup_iters", warmup, "untimed iterations first")->check(CLI::Range(0, 100000));
   app.add_option("-c,--check", check, "1: verify each row's result (#wrong)")->check(CLI::Range(0, 1));
-  app.add_option("-o,--ops", ops_text, "comma-separated: allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall, or all");
-  app.add_option("-a,--algorithms", algorithms_text, "comma-separated flexpar algorithms (default: every one the op has)");
+  app.add_option("-o,--ops", ops_text,
+                 "comma-separated: allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall, or all");
+  app.add_option("-a,--algorithms", algorithms_text,
+                 "comma-separated flexpar algorithms (default: every one the op has)");
   int exit_code = 0;
   try {
     app.parse(argc, argv);
@@ -312,7 +309,8 @@ int main(int argc, char** argv) {
     communicator comm = communicator::from_mpi(MPI_COMM_WORLD);
     const int p = comm.size(), me = comm.rank();
     std::vector<collective> ops;
-    for (const auto& name : split_list(ops_text == "all" ? "allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall" : ops_text)) {
+    for (const auto& name :
+         split_list(ops_text == "all" ? "allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall" : ops_text)) {
       if (!collective_names.count(name)) throw flexpar::usage_error("flexpar_perf: unknown collective '" + name + "'");
       ops.push_back(collective_names.at(name));
     }
@@ -325,14 +323,15 @@ int main(int argc, char** argv) {
     const flexpar::cost_params& machine = flexpar::machine_of(comm);
 
     if (me == 0) {
-      std::printf("# flexpar_perf: %d ranks on %d node(s), transport %s, f32 sum, in place, %d iterations (median of the "
-                  "slowest rank), %d warm-up\n",
-                  p, comm.topology().node_count(), std::string(flexpar::name_of(comm.transport().kind())).c_str(), iterations,
-                  warmup);
+      std::printf(
+          "# flexpar_perf: %d ranks on %d node(s), transport %s, f32 sum, in place, %d iterations (median of the "
+          "slowest rank), %d warm-up\n",
+          p, comm.topology().node_count(), std::string(flexpar::name_of(comm.transport().kind())).c_str(), iterations,
+          warmup);
       std::printf("# machine for `automatic`: alpha %.2f us, beta %.2f GB/s, gamma %.2f GB/s, copy %.2f GB/s\n#\n",
                   machine.alpha * 1e6, 1e-9 / machine.beta, 1e-9 / machine.gamma, 1e-9 / machine.copy_beta);
-      std::printf("%12s %12s %5s %5s %-15s %-17s %11s %11s %11s %7s %8s\n", "size(B)", "count", "type", "redop", "collective",
-                  "algorithm", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "vs_mpi");
+      std::printf("%12s %12s %5s %5s %-15s %-17s %11s %11s %11s %7s %8s\n", "size(B)", "count", "type", "redop",
+                  "collective", "algorithm", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "vs_mpi");
     }
     std::vector<float> buffer(max_bytes / sizeof(float) + static_cast<std::size_t>(p)), scratch(buffer.size());
     for (collective c : ops) {
@@ -356,7 +355,7 @@ int main(int argc, char** argv) {
             fill(s);
             op();
             wrong = count_wrong(s);
-            check_mpi(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()), "MPI_Allreduce");
+            FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()));
           }
           rows.push_back({label, t, wrong});
         };
@@ -373,22 +372,24 @@ int main(int argc, char** argv) {
             const double algbw = size / r.time / 1e9, busbw = algbw * bus_factor(c, p);
             char ratio[16] = "";
             if (r.algorithm != "mpi") std::snprintf(ratio, sizeof ratio, "%.2fx", busbw * 1e9 / mpi_busbw);
-            std::printf("%12zu %12zu %5s %5s %-15s %-17s %11.1f %11.2f %11.2f %7lld %8s\n", count * sizeof(float), count, "f32",
-                        "sum", name_of(c).c_str(), r.algorithm.c_str(), r.time * 1e6, algbw, busbw, r.wrong, ratio);
+            std::printf("%12zu %12zu %5s %5s %-15s %-17s %11.1f %11.2f %11.2f %7lld %8s\n", count * sizeof(float),
+                        count, "f32", "sum", name_of(c).c_str(), r.algorithm.c_str(), r.time * 1e6, algbw, busbw,
+                        r.wrong, ratio);
           }
         }
       }
     }
 
     // references of the same run
-    if (me == 0) std::printf("#\n# references: %12s %16s %16s %16s\n", "size(B)", "a+=b(GB/s)", "memcpy(GB/s)", "p2p 0->1(GB/s)");
+    if (me == 0)
+      std::printf("#\n# references: %12s %16s %16s %16s\n", "size(B)", "a+=b(GB/s)", "memcpy(GB/s)", "p2p 0->1(GB/s)");
     for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= static_cast<std::size_t>(factor)) {
       const double p2p = p2p_bandwidth(comm, bytes, std::max(3, iterations / 2));
       if (me == 0) {
         const auto [add, copy] = local_references(bytes, std::max(3, iterations / 2));
         std::printf("# references: %12zu %16.2f %16.2f %16.2f\n", bytes, add / 1e9, copy / 1e9, p2p / 1e9);
       }
-      check_mpi(MPI_Barrier(comm.mpi_comm()), "MPI_Barrier");
+      FLEXPAR_CHECK_MPI(MPI_Barrier(comm.mpi_comm()));
     }
     std::fflush(stdout);
   } catch (const std::exception& e) {

@@ -1,0 +1,29 @@
+// What the nccl-tests-style benchmarks share on their command lines.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstddef>
+#include <string>
+
+namespace flexpar::bench {
+
+/// "4K", "64M", "1G", "4096" -> bytes (K, M, G are powers of 1024, as in nccl-tests).
+inline std::size_t parse_size(const std::string& text) {
+  std::size_t pos = 0;
+  const double value = std::stod(text, &pos);
+  double scale = 1;
+  if (pos < text.size()) {
+    switch (text[pos]) {
+      case 'K':
+      case 'k': scale = 1024.0; break;
+      case 'M':
+      case 'm': scale = 1024.0 * 1024; break;
+      case 'G':
+      case 'g': scale = 1024.0 * 1024 * 1024; break;
+      default: throw CLI::ValidationError("size", "unknown suffix in '" + text + "' (use K, M or G)");
+    }
+  }
+  return static_cast<std::size_t>(value * scale);
+}
+
+}  // namespace flexpar::bench
