@@ -164,7 +164,8 @@ inline void allreduce(communicator& comm, dtype type, const void* in, void* out,
                       algorithm a = algorithm::automatic) {
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
-    allreduce(comm, std::span<const T>(static_cast<const T*>(in), count), std::span<T>(static_cast<T*>(out), count), op, a);
+    allreduce(comm, std::span<const T>(static_cast<const T*>(in), count), std::span<T>(static_cast<T*>(out), count), op,
+              a);
   });
 }
 
@@ -177,9 +178,9 @@ void reduce_scatter(communicator& comm, std::span<const std::type_identity_t<T>>
                     algorithm a = algorithm::automatic) {
   std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), out.size());
   const block_layout layout = block_layout::of_counts(counts);
-  detail::require(in.size() == layout.total, comm, "reduce_scatter",
-                  "input of " + std::to_string(in.size()) + " elements; it needs ranks * output = " +
-                      std::to_string(layout.total));
+  detail::require(
+      in.size() == layout.total, comm, "reduce_scatter",
+      "input of " + std::to_string(in.size()) + " elements; it needs ranks * output = " + std::to_string(layout.total));
   auto work = detail::scratch<T>(in.size());
   std::copy(in.begin(), in.end(), work.get());
   detail::reduce_scatter_in_place(comm, std::span<T>(work.get(), in.size()), layout, op, a, "reduce_scatter");
@@ -201,15 +202,15 @@ std::span<T> reduce_scatter(communicator& comm, std::span<T> data, reduce_op op,
 /// Out of place, uneven: `in` holds blocks of counts[0], counts[1], ... elements; `out`
 /// (counts[rank] elements) receives block `rank` reduced over every rank.
 template <element T>
-void reduce_scatter_v(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, std::span<const std::size_t> counts,
-                      reduce_op op, algorithm a = algorithm::automatic) {
+void reduce_scatter_v(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out,
+                      std::span<const std::size_t> counts, reduce_op op, algorithm a = algorithm::automatic) {
   const block_layout layout = detail::checked_layout(comm, "reduce_scatter_v", counts);
   detail::require(out.size() == layout.count(comm.rank()), comm, "reduce_scatter_v",
                   "output of " + std::to_string(out.size()) + " elements; counts[rank] is " +
                       std::to_string(layout.count(comm.rank())));
-  detail::require(in.size() == layout.total, comm, "reduce_scatter_v",
-                  "input of " + std::to_string(in.size()) + " elements; the counts add up to " +
-                      std::to_string(layout.total));
+  detail::require(
+      in.size() == layout.total, comm, "reduce_scatter_v",
+      "input of " + std::to_string(in.size()) + " elements; the counts add up to " + std::to_string(layout.total));
   auto work = detail::scratch<T>(in.size());
   std::copy(in.begin(), in.end(), work.get());
   detail::reduce_scatter_in_place(comm, std::span<T>(work.get(), in.size()), layout, op, a, "reduce_scatter_v");
@@ -218,8 +219,8 @@ void reduce_scatter_v(communicator& comm, std::span<const std::type_identity_t<T
 
 /// In place, uneven: returns block `rank` of `data` (at counts[0] + .. + counts[rank-1]), reduced.
 template <element T>
-std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<const std::size_t> counts,
-                              reduce_op op, algorithm a = algorithm::automatic) {
+std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<const std::size_t> counts, reduce_op op,
+                              algorithm a = algorithm::automatic) {
   const block_layout layout = detail::checked_layout(comm, "reduce_scatter_v", counts);
   detail::reduce_scatter_in_place(comm, data, layout, op, a, "reduce_scatter_v");
   return layout.of(data, comm.rank());
@@ -230,12 +231,13 @@ std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<c
 /// Out of place: `out` (p * in.size() elements) receives every rank's `in`, in rank order.
 /// Algorithms: automatic, ring, recursive_doubling.
 template <element T>
-void allgather(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, algorithm a = algorithm::automatic) {
+void allgather(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out,
+               algorithm a = algorithm::automatic) {
   std::vector<std::size_t> counts(static_cast<std::size_t>(comm.size()), in.size());
   const block_layout layout = block_layout::of_counts(counts);
   detail::require(out.size() == layout.total, comm, "allgather",
-                  "output of " + std::to_string(out.size()) + " elements; it needs ranks * input = " +
-                      std::to_string(layout.total));
+                  "output of " + std::to_string(out.size()) +
+                      " elements; it needs ranks * input = " + std::to_string(layout.total));
   std::copy(in.begin(), in.end(), layout.of(out, comm.rank()).begin());
   detail::allgather_in_place(comm, out, layout, a, "allgather");
 }
@@ -251,15 +253,15 @@ void allgather(communicator& comm, std::span<T> data, algorithm a = algorithm::a
 
 /// Out of place, uneven: rank i contributes counts[i] elements (in.size() == counts[rank]).
 template <element T>
-void allgather_v(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, std::span<const std::size_t> counts,
-                 algorithm a = algorithm::automatic) {
+void allgather_v(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out,
+                 std::span<const std::size_t> counts, algorithm a = algorithm::automatic) {
   const block_layout layout = detail::checked_layout(comm, "allgather_v", counts);
   detail::require(in.size() == layout.count(comm.rank()), comm, "allgather_v",
                   "input of " + std::to_string(in.size()) + " elements; counts[rank] is " +
                       std::to_string(layout.count(comm.rank())));
-  detail::require(out.size() == layout.total, comm, "allgather_v",
-                  "output of " + std::to_string(out.size()) + " elements; the counts add up to " +
-                      std::to_string(layout.total));
+  detail::require(
+      out.size() == layout.total, comm, "allgather_v",
+      "output of " + std::to_string(out.size()) + " elements; the counts add up to " + std::to_string(layout.total));
   std::copy(in.begin(), in.end(), layout.of(out, comm.rank()).begin());
   detail::allgather_in_place(comm, out, layout, a, "allgather_v");
 }
@@ -293,9 +295,9 @@ void reduce(communicator& comm, std::span<const std::type_identity_t<T>> in, std
             algorithm a = algorithm::automatic) {
   detail::check_root(comm, "reduce", root);
   if (comm.rank() == root) {
-    detail::require(out.size() == in.size(), comm, "reduce",
-                    "the root's output has " + std::to_string(out.size()) + " elements, the input " +
-                        std::to_string(in.size()));
+    detail::require(
+        out.size() == in.size(), comm, "reduce",
+        "the root's output has " + std::to_string(out.size()) + " elements, the input " + std::to_string(in.size()));
     if (!detail::same_buffer(in, out)) std::copy(in.begin(), in.end(), out.begin());
     detail::reduce_into_acc(comm, out, op, root, a);
   } else {
@@ -318,12 +320,14 @@ void reduce(communicator& comm, std::span<T> data, reduce_op op, int root, algor
 /// of `out` comes from rank i. Algorithms: automatic, pairwise.
 /// @pre in.size() == out.size(), a multiple of p; in and out are the same buffer or do not overlap.
 template <element T>
-void alltoall(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, algorithm a = algorithm::automatic) {
+void alltoall(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out,
+              algorithm a = algorithm::automatic) {
   const auto p = static_cast<std::size_t>(comm.size());
   detail::require(in.size() == out.size() && in.size() % p == 0, comm, "alltoall",
                   "input of " + std::to_string(in.size()) + " and output of " + std::to_string(out.size()) +
                       " elements; both need the same multiple of the " + std::to_string(p) + " ranks");
-  if (a != algorithm::automatic && a != algorithm::pairwise) detail::unsupported(comm, "alltoall", a, "automatic, pairwise");
+  if (a != algorithm::automatic && a != algorithm::pairwise)
+    detail::unsupported(comm, "alltoall", a, "automatic, pairwise");
   detail::call c = detail::begin_call(comm);
   if (detail::same_buffer(in, out)) {
     auto copy = detail::scratch<T>(in.size());

@@ -72,7 +72,8 @@ std::vector<T> expected_reduction(reduce_op op, int p, std::size_t count, std::s
 
 /// First index where `got` and `want` differ, as a gtest assertion with context.
 template <element T>
-::testing::AssertionResult same_elements(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+::testing::AssertionResult same_elements(const std::vector<T>& got, const std::vector<T>& want,
+                                         const std::string& what) {
   if (got.size() != want.size())
     return ::testing::AssertionFailure() << what << ": " << got.size() << " elements, expected " << want.size();
   for (std::size_t i = 0; i < got.size(); ++i)

@@ -27,7 +27,8 @@ std::vector<sweep_case> sweep_cases(bool big) {
   for (reduce_op op : all_ops)
     for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, chunk_plus_one})
       for (bool in_place : {true, false})
-        if (count != chunk_plus_one || op == reduce_op::sum || op == reduce_op::max) cases.push_back({op, count, in_place});
+        if (count != chunk_plus_one || op == reduce_op::sum || op == reduce_op::max)
+          cases.push_back({op, count, in_place});
   if (big)
     for (reduce_op op : {reduce_op::sum, reduce_op::max}) cases.push_back({op, (std::size_t{1} << 20) + 3, true});
   return cases;

@@ -45,21 +45,25 @@ TEST_P(inproc_allreduce, matches_the_serial_oracle) {
     using T = decltype(zero);
     const auto cases = sweep_cases<T>(big_for(dtype_of<T>));
     std::map<std::pair<reduce_op, std::size_t>, std::vector<T>> expected;
-    for (const auto& c : cases) expected.try_emplace({c.op, c.count}, expected_reduction<T>(c.op, param.world, c.count));
-    run_in_process(param.world, [&](communicator& comm) {
-      for (const auto& c : cases) {
-        const std::vector<T> input = make_input<T>(c.op, comm.rank(), c.count);
-        std::vector<T> out(c.count, from_int<T>(99));
-        if (c.in_place) {
-          out = input;
-          allreduce(comm, std::span(out), c.op, param.alg);
-        } else {
-          allreduce(comm, std::span(input), std::span(out), c.op, param.alg);
-          EXPECT_TRUE(same_elements(input, make_input<T>(c.op, comm.rank(), c.count), "input kept"));
-        }
-        EXPECT_TRUE(same_elements(out, expected.at({c.op, c.count}), describe<T>(c, comm, "allreduce")));
-      }
-    }, test_config(), param.ranks_per_node);
+    for (const auto& c : cases)
+      expected.try_emplace({c.op, c.count}, expected_reduction<T>(c.op, param.world, c.count));
+    run_in_process(
+        param.world,
+        [&](communicator& comm) {
+          for (const auto& c : cases) {
+            const std::vector<T> input = make_input<T>(c.op, comm.rank(), c.count);
+            std::vector<T> out(c.count, from_int<T>(99));
+            if (c.in_place) {
+              out = input;
+              allreduce(comm, std::span(out), c.op, param.alg);
+            } else {
+              allreduce(comm, std::span(input), std::span(out), c.op, param.alg);
+              EXPECT_TRUE(same_elements(input, make_input<T>(c.op, comm.rank(), c.count), "input kept"));
+            }
+            EXPECT_TRUE(same_elements(out, expected.at({c.op, c.count}), describe<T>(c, comm, "allreduce")));
+          }
+        },
+        test_config(), param.ranks_per_node);
   });
 }
 
@@ -86,32 +90,35 @@ TEST_P(inproc_collectives, reduce_scatter_and_v_match_the_oracle) {
   for_each_dtype([&](auto zero) {
     using T = decltype(zero);
     const auto cases = sweep_cases<T>(false);
-    run_in_process(p, [&](communicator& comm) {
-      const auto me = static_cast<std::size_t>(comm.rank());
-      for (const auto& c : cases) {
-        for (bool uneven : {false, true}) {
-          const std::vector<std::size_t> counts =
-              uneven ? uneven_counts(p, c.count) : std::vector<std::size_t>(static_cast<std::size_t>(p), c.count);
-          const block_layout layout = block_layout::of_counts(counts);
-          std::vector<T> input = make_input<T>(c.op, comm.rank(), layout.total);
-          std::vector<T> got;
-          if (c.in_place) {
-            std::span<T> mine = uneven ? reduce_scatter_v(comm, std::span(input), counts, c.op)
-                                       : reduce_scatter(comm, std::span(input), c.op, algorithm::ring);
-            EXPECT_EQ(mine.data(), input.data() + layout.displs[me]);
-            got.assign(mine.begin(), mine.end());
-          } else {
-            got.assign(counts[me], from_int<T>(99));
-            if (uneven)
-              reduce_scatter_v(comm, std::span(input), std::span(got), counts, c.op, algorithm::ring);
-            else
-              reduce_scatter(comm, std::span(input), std::span(got), c.op);
+    run_in_process(
+        p,
+        [&](communicator& comm) {
+          const auto me = static_cast<std::size_t>(comm.rank());
+          for (const auto& c : cases) {
+            for (bool uneven : {false, true}) {
+              const std::vector<std::size_t> counts =
+                  uneven ? uneven_counts(p, c.count) : std::vector<std::size_t>(static_cast<std::size_t>(p), c.count);
+              const block_layout layout = block_layout::of_counts(counts);
+              std::vector<T> input = make_input<T>(c.op, comm.rank(), layout.total);
+              std::vector<T> got;
+              if (c.in_place) {
+                std::span<T> mine = uneven ? reduce_scatter_v(comm, std::span(input), counts, c.op)
+                                           : reduce_scatter(comm, std::span(input), c.op, algorithm::ring);
+                EXPECT_EQ(mine.data(), input.data() + layout.displs[me]);
+                got.assign(mine.begin(), mine.end());
+              } else {
+                got.assign(counts[me], from_int<T>(99));
+                if (uneven)
+                  reduce_scatter_v(comm, std::span(input), std::span(got), counts, c.op, algorithm::ring);
+                else
+                  reduce_scatter(comm, std::span(input), std::span(got), c.op);
+              }
+              EXPECT_TRUE(same_elements(got, expected_reduction<T>(c.op, p, counts[me], layout.displs[me]),
+                                        describe<T>(c, comm, uneven ? "reduce_scatter_v" : "reduce_scatter")));
+            }
           }
-          EXPECT_TRUE(same_elements(got, expected_reduction<T>(c.op, p, counts[me], layout.displs[me]),
-                                    describe<T>(c, comm, uneven ? "reduce_scatter_v" : "reduce_scatter")));
-        }
-      }
-    }, test_config());
+        },
+        test_config());
   });
 }
 
@@ -120,39 +127,45 @@ TEST_P(inproc_collectives, allgather_and_v_match_the_oracle) {
   for_each_dtype([&](auto zero) {
     using T = decltype(zero);
     const auto cases = sweep_cases<T>(false);
-    run_in_process(p, [&](communicator& comm) {
-      const auto me = static_cast<std::size_t>(comm.rank());
-      for (const auto& c : cases) {
-        if (c.op != reduce_op::sum) continue;  // allgather has no op: one pass per count and placement
-        for (bool uneven : {false, true}) {
-          const std::vector<std::size_t> counts =
-              uneven ? uneven_counts(p, c.count) : std::vector<std::size_t>(static_cast<std::size_t>(p), c.count);
-          const block_layout layout = block_layout::of_counts(counts);
-          std::vector<T> want;
-          for (int q = 0; q < p; ++q) {
-            const auto block = make_input<T>(c.op, q, counts[static_cast<std::size_t>(q)], layout.displs[static_cast<std::size_t>(q)]);
-            want.insert(want.end(), block.begin(), block.end());
-          }
-          for (algorithm a : {algorithm::ring, algorithm::recursive_doubling, algorithm::automatic}) {
-            const std::vector<T> mine = make_input<T>(c.op, comm.rank(), counts[me], layout.displs[me]);
-            std::vector<T> out(layout.total, from_int<T>(99));
-            if (c.in_place) {
-              std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(layout.displs[me]));
-              if (uneven)
-                allgather_v(comm, std::span(out), counts, a);
-              else
-                allgather(comm, std::span(out), a);
-            } else if (uneven) {
-              allgather_v(comm, std::span(mine), std::span(out), counts, a);
-            } else {
-              allgather(comm, std::span(mine), std::span(out), a);
+    run_in_process(
+        p,
+        [&](communicator& comm) {
+          const auto me = static_cast<std::size_t>(comm.rank());
+          for (const auto& c : cases) {
+            if (c.op != reduce_op::sum) continue;  // allgather has no op: one pass per count and placement
+            for (bool uneven : {false, true}) {
+              const std::vector<std::size_t> counts =
+                  uneven ? uneven_counts(p, c.count) : std::vector<std::size_t>(static_cast<std::size_t>(p), c.count);
+              const block_layout layout = block_layout::of_counts(counts);
+              std::vector<T> want;
+              for (int q = 0; q < p; ++q) {
+                const auto block = make_input<T>(c.op, q, counts[static_cast<std::size_t>(q)],
+                                                 layout.displs[static_cast<std::size_t>(q)]);
+                want.insert(want.end(), block.begin(), block.end());
+              }
+              for (algorithm a : {algorithm::ring, algorithm::recursive_doubling, algorithm::automatic}) {
+                const std::vector<T> mine = make_input<T>(c.op, comm.rank(), counts[me], layout.displs[me]);
+                std::vector<T> out(layout.total, from_int<T>(99));
+                if (c.in_place) {
+                  std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(layout.displs[me]));
+                  if (uneven)
+                    allgather_v(comm, std::span(out), counts, a);
+                  else
+                    allgather(comm, std::span(out), a);
+                } else if (uneven) {
+                  allgather_v(comm, std::span(mine), std::span(out), counts, a);
+                } else {
+                  allgather(comm, std::span(mine), std::span(out), a);
+                }
+                EXPECT_TRUE(same_elements(
+                    out, want,
+                    describe<T>(c, comm,
+                                std::string(uneven ? "allgather_v " : "allgather ") + std::string(name_of(a)))));
+              }
             }
-            EXPECT_TRUE(same_elements(out, want, describe<T>(c, comm, std::string(uneven ? "allgather_v " : "allgather ") +
-                                                                        std::string(name_of(a)))));
           }
-        }
-      }
-    }, test_config());
+        },
+        test_config());
   });
 }
 
@@ -163,32 +176,37 @@ TEST_P(inproc_collectives, broadcast_and_reduce_match_the_oracle_from_every_kind
   for_each_dtype([&](auto zero) {
     using T = decltype(zero);
     const auto cases = sweep_cases<T>(false);
-    run_in_process(p, [&](communicator& comm) {
-      for (const auto& c : cases) {
-        for (int root : {0, p - 1, p / 2}) {
-          for (algorithm a : {algorithm::chain, algorithm::binomial_tree, algorithm::automatic}) {
-            const std::string how = std::string(name_of(a)) + " root " + std::to_string(root);
-            if (c.op == reduce_op::sum && c.in_place) {  // broadcast has no op and is always in place
-              std::vector<T> data = comm.rank() == root ? make_input<T>(c.op, root, c.count)
-                                                        : std::vector<T>(c.count, from_int<T>(99));
-              broadcast(comm, std::span(data), root, a);
-              EXPECT_TRUE(same_elements(data, make_input<T>(c.op, root, c.count), describe<T>(c, comm, "broadcast " + how)));
-            }
-            const std::vector<T> input = make_input<T>(c.op, comm.rank(), c.count);
-            std::vector<T> out = c.in_place ? input : std::vector<T>(c.count, from_int<T>(99));
-            if (c.in_place)
-              reduce(comm, std::span(out), c.op, root, a);
-            else
-              reduce(comm, std::span(input), std::span(out), c.op, root, a);
-            if (comm.rank() == root) {
-              EXPECT_TRUE(same_elements(out, expected_reduction<T>(c.op, p, c.count), describe<T>(c, comm, "reduce " + how)));
-            } else if (c.in_place) {
-              EXPECT_TRUE(same_elements(out, input, describe<T>(c, comm, "reduce leaves non-roots alone, " + how)));
+    run_in_process(
+        p,
+        [&](communicator& comm) {
+          for (const auto& c : cases) {
+            for (int root : {0, p - 1, p / 2}) {
+              for (algorithm a : {algorithm::chain, algorithm::binomial_tree, algorithm::automatic}) {
+                const std::string how = std::string(name_of(a)) + " root " + std::to_string(root);
+                if (c.op == reduce_op::sum && c.in_place) {  // broadcast has no op and is always in place
+                  std::vector<T> data = comm.rank() == root ? make_input<T>(c.op, root, c.count)
+                                                            : std::vector<T>(c.count, from_int<T>(99));
+                  broadcast(comm, std::span(data), root, a);
+                  EXPECT_TRUE(same_elements(data, make_input<T>(c.op, root, c.count),
+                                            describe<T>(c, comm, "broadcast " + how)));
+                }
+                const std::vector<T> input = make_input<T>(c.op, comm.rank(), c.count);
+                std::vector<T> out = c.in_place ? input : std::vector<T>(c.count, from_int<T>(99));
+                if (c.in_place)
+                  reduce(comm, std::span(out), c.op, root, a);
+                else
+                  reduce(comm, std::span(input), std::span(out), c.op, root, a);
+                if (comm.rank() == root) {
+                  EXPECT_TRUE(same_elements(out, expected_reduction<T>(c.op, p, c.count),
+                                            describe<T>(c, comm, "reduce " + how)));
+                } else if (c.in_place) {
+                  EXPECT_TRUE(same_elements(out, input, describe<T>(c, comm, "reduce leaves non-roots alone, " + how)));
+                }
+              }
             }
           }
-        }
-      }
-    }, test_config());
+        },
+        test_config());
   });
 }
 
@@ -198,43 +216,52 @@ TEST_P(inproc_collectives, alltoall_delivers_every_block_to_its_rank) {
   const int p = GetParam();
   for_each_dtype([&](auto zero) {
     using T = decltype(zero);
-    run_in_process(p, [&](communicator& comm) {
-      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, pipeline_chunk_bytes / sizeof(T) + 1}) {
-        for (bool in_place : {true, false}) {
-          const std::size_t total = count * static_cast<std::size_t>(p);
-          const std::vector<T> input = make_input<T>(reduce_op::sum, comm.rank(), total);
-          std::vector<T> out = in_place ? input : std::vector<T>(total, from_int<T>(99));
-          if (in_place)
-            alltoall(comm, std::span(out), algorithm::pairwise);
-          else
-            alltoall(comm, std::span(input), std::span(out));
-          std::vector<T> want;
-          for (int from = 0; from < p; ++from) {
-            const auto block = make_input<T>(reduce_op::sum, from, count, static_cast<std::size_t>(comm.rank()) * count);
-            want.insert(want.end(), block.begin(), block.end());
+    run_in_process(
+        p,
+        [&](communicator& comm) {
+          for (std::size_t count :
+               {std::size_t{0}, std::size_t{1}, std::size_t{7}, pipeline_chunk_bytes / sizeof(T) + 1}) {
+            for (bool in_place : {true, false}) {
+              const std::size_t total = count * static_cast<std::size_t>(p);
+              const std::vector<T> input = make_input<T>(reduce_op::sum, comm.rank(), total);
+              std::vector<T> out = in_place ? input : std::vector<T>(total, from_int<T>(99));
+              if (in_place)
+                alltoall(comm, std::span(out), algorithm::pairwise);
+              else
+                alltoall(comm, std::span(input), std::span(out));
+              std::vector<T> want;
+              for (int from = 0; from < p; ++from) {
+                const auto block =
+                    make_input<T>(reduce_op::sum, from, count, static_cast<std::size_t>(comm.rank()) * count);
+                want.insert(want.end(), block.begin(), block.end());
+              }
+              EXPECT_TRUE(same_elements(out, want, describe<T>({reduce_op::sum, count, in_place}, comm, "alltoall")));
+            }
           }
-          EXPECT_TRUE(same_elements(out, want, describe<T>({reduce_op::sum, count, in_place}, comm, "alltoall")));
-        }
-      }
-    }, test_config());
+        },
+        test_config());
   });
 }
 
 TEST_P(inproc_collectives, barrier_holds_every_rank_until_the_last_arrives) {
   const int p = GetParam();
   std::vector<std::atomic<bool>> arrived(static_cast<std::size_t>(p));
-  run_in_process(p, [&](communicator& comm) {
-    for (int round = 0; round < 3; ++round) {
-      // the last rank arrives late; nobody may leave before it has arrived
-      if (comm.rank() == p - 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
-      arrived[static_cast<std::size_t>(comm.rank())] = true;
-      barrier(comm);
-      for (int q = 0; q < p; ++q) EXPECT_TRUE(arrived[static_cast<std::size_t>(q)]) << "rank " << q << " round " << round;
-      barrier(comm);
-      arrived[static_cast<std::size_t>(comm.rank())] = false;
-      barrier(comm, algorithm::dissemination);
-    }
-  }, test_config());
+  run_in_process(
+      p,
+      [&](communicator& comm) {
+        for (int round = 0; round < 3; ++round) {
+          // the last rank arrives late; nobody may leave before it has arrived
+          if (comm.rank() == p - 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+          arrived[static_cast<std::size_t>(comm.rank())] = true;
+          barrier(comm);
+          for (int q = 0; q < p; ++q)
+            EXPECT_TRUE(arrived[static_cast<std::size_t>(q)]) << "rank " << q << " round " << round;
+          barrier(comm);
+          arrived[static_cast<std::size_t>(comm.rank())] = false;
+          barrier(comm, algorithm::dissemination);
+        }
+      },
+      test_config());
 }
 
 INSTANTIATE_TEST_SUITE_P(world, inproc_collectives, ::testing::ValuesIn(inproc_world_sizes),
@@ -243,71 +270,91 @@ INSTANTIATE_TEST_SUITE_P(world, inproc_collectives, ::testing::ValuesIn(inproc_w
 // ---- contracts -----------------------------------------------------------------------------------
 
 TEST(inproc_collective_contracts, collectives_never_match_user_point_to_point_messages) {
-  run_in_process(3, [](communicator& comm) {
-    // A user receive on tag 0 is posted before the collectives (whose first tag is 0 too); it must
-    // still get the user's own message, sent after them.
-    std::vector<int> user(1, -1);
-    const int from = (comm.rank() + comm.size() - 1) % comm.size();
-    request r = comm.transport().irecv(from, 0, std::as_writable_bytes(std::span(user)));
-    std::vector<float> data(1000, 1.0f);
-    allreduce(comm, std::span(data), reduce_op::sum, algorithm::ring);
-    barrier(comm);
-    const int mine = 1000 + comm.rank();
-    comm.transport().send((comm.rank() + 1) % comm.size(), 0, std::as_bytes(std::span(&mine, 1)),
-                          comm.default_deadline());
-    r.wait(comm.default_deadline());
-    EXPECT_EQ(user[0], 1000 + from);
-    EXPECT_EQ(data[0], 3.0f);
-  }, test_config());
+  run_in_process(
+      3,
+      [](communicator& comm) {
+        // A user receive on tag 0 is posted before the collectives (whose first tag is 0 too); it must
+        // still get the user's own message, sent after them.
+        std::vector<int> user(1, -1);
+        const int from = (comm.rank() + comm.size() - 1) % comm.size();
+        request r = comm.transport().irecv(from, 0, std::as_writable_bytes(std::span(user)));
+        std::vector<float> data(1000, 1.0f);
+        allreduce(comm, std::span(data), reduce_op::sum, algorithm::ring);
+        barrier(comm);
+        const int mine = 1000 + comm.rank();
+        comm.transport().send((comm.rank() + 1) % comm.size(), 0, std::as_bytes(std::span(&mine, 1)),
+                              comm.default_deadline());
+        r.wait(comm.default_deadline());
+        EXPECT_EQ(user[0], 1000 + from);
+        EXPECT_EQ(data[0], 3.0f);
+      },
+      test_config());
 }
 
 TEST(inproc_collective_contracts, an_algorithm_a_collective_lacks_is_a_usage_error_that_lists_the_ones_it_has) {
-  run_in_process(2, [](communicator& comm) {
-    std::vector<float> data(4);
-    try {
-      broadcast(comm, std::span(data), 0, algorithm::ring);
-      FAIL() << "broadcast accepted algorithm::ring";
-    } catch (const usage_error& e) {
-      EXPECT_NE(std::string(e.what()).find("broadcast: has no algorithm 'ring'; it offers automatic, chain, binomial_tree"),
-                std::string::npos)
-          << e.what();
-    }
-  }, test_config());
+  run_in_process(
+      2,
+      [](communicator& comm) {
+        std::vector<float> data(4);
+        try {
+          broadcast(comm, std::span(data), 0, algorithm::ring);
+          FAIL() << "broadcast accepted algorithm::ring";
+        } catch (const usage_error& e) {
+          EXPECT_NE(std::string(e.what()).find(
+                        "broadcast: has no algorithm 'ring'; it offers automatic, chain, binomial_tree"),
+                    std::string::npos)
+              << e.what();
+        }
+      },
+      test_config());
 }
 
 TEST(inproc_collective_contracts, hierarchical_on_uneven_nodes_is_a_usage_error) {
   // 5 ranks in nodes of 2: nodes of 2, 2 and 1 rank
-  EXPECT_THROW(run_in_process(5, [](communicator& comm) {
-    std::vector<float> data(4);
-    allreduce(comm, std::span(data), reduce_op::sum, algorithm::hierarchical);
-  }, test_config(), 2), usage_error);
+  EXPECT_THROW(run_in_process(
+                   5,
+                   [](communicator& comm) {
+                     std::vector<float> data(4);
+                     allreduce(comm, std::span(data), reduce_op::sum, algorithm::hierarchical);
+                   },
+                   test_config(), 2),
+               usage_error);
 }
 
 TEST(inproc_collective_contracts, mismatched_lengths_are_usage_errors_with_context) {
-  run_in_process(2, [](communicator& comm) {
-    std::vector<float> in(4), out(5);
-    try {
-      allreduce(comm, std::span(in), std::span(out), reduce_op::sum);
-      FAIL() << "allreduce accepted spans of different lengths";
-    } catch (const usage_error& e) {
-      EXPECT_NE(std::string(e.what()).find("allreduce: input of 4 and output of 5 elements"), std::string::npos) << e.what();
-    }
-    std::vector<std::size_t> counts{1, 2, 3};
-    EXPECT_THROW(allgather_v(comm, std::span(in), counts), usage_error);
-    EXPECT_THROW(broadcast(comm, std::span(in), 2), usage_error);
-  }, test_config());
+  run_in_process(
+      2,
+      [](communicator& comm) {
+        std::vector<float> in(4), out(5);
+        try {
+          allreduce(comm, std::span(in), std::span(out), reduce_op::sum);
+          FAIL() << "allreduce accepted spans of different lengths";
+        } catch (const usage_error& e) {
+          EXPECT_NE(std::string(e.what()).find("allreduce: input of 4 and output of 5 elements"), std::string::npos)
+              << e.what();
+        }
+        std::vector<std::size_t> counts{1, 2, 3};
+        EXPECT_THROW(allgather_v(comm, std::span(in), counts), usage_error);
+        EXPECT_THROW(broadcast(comm, std::span(in), 2), usage_error);
+      },
+      test_config());
 }
 
 TEST(inproc_collective_contracts, a_missing_rank_ends_in_a_timeout_not_a_hang) {
   config c = test_config();
   c.timeout = std::chrono::milliseconds(300);
   for (algorithm a : {algorithm::ring, algorithm::shared_memory}) {
-    EXPECT_THROW(run_in_process(2, [&](communicator& comm) {
-      // both ranks create the collective context (and the segment) together, then rank 1 stops
-      std::vector<float> data(1 << 16, 1.0f);
-      allreduce(comm, std::span(data), reduce_op::sum, a);
-      if (comm.rank() == 0) allreduce(comm, std::span(data), reduce_op::sum, a);
-    }, c), timeout_error) << name_of(a);
+    EXPECT_THROW(run_in_process(
+                     2,
+                     [&](communicator& comm) {
+                       // both ranks create the collective context (and the segment) together, then rank 1 stops
+                       std::vector<float> data(1 << 16, 1.0f);
+                       allreduce(comm, std::span(data), reduce_op::sum, a);
+                       if (comm.rank() == 0) allreduce(comm, std::span(data), reduce_op::sum, a);
+                     },
+                     c),
+                 timeout_error)
+        << name_of(a);
   }
 }
 
@@ -322,18 +369,22 @@ TEST(inproc_collective_contracts, mismatched_counts_never_write_outside_the_buff
   for (algorithm a : {algorithm::ring, algorithm::halving_doubling, algorithm::shared_memory, algorithm::automatic}) {
     for (std::size_t base : {std::size_t{5}, pipeline_chunk_bytes / sizeof(float) + 1}) {
       try {
-        run_in_process(3, [&](communicator& comm) {
-          const std::size_t count = base + 3 * static_cast<std::size_t>(comm.rank());
-          std::vector<float> buffer(count + guard, sentinel);
-          std::fill_n(buffer.begin(), count, 1.0f);
-          try {
-            allreduce(comm, std::span(buffer).first(count), reduce_op::sum, a);
-          } catch (const error&) {
-            // an error is one of the allowed outcomes
-          }
-          for (std::size_t i = count; i < buffer.size(); ++i)
-            ASSERT_EQ(buffer[i], sentinel) << name_of(a) << ": element " << i - count << " past the buffer was written";
-        }, c);
+        run_in_process(
+            3,
+            [&](communicator& comm) {
+              const std::size_t count = base + 3 * static_cast<std::size_t>(comm.rank());
+              std::vector<float> buffer(count + guard, sentinel);
+              std::fill_n(buffer.begin(), count, 1.0f);
+              try {
+                allreduce(comm, std::span(buffer).first(count), reduce_op::sum, a);
+              } catch (const error&) {
+                // an error is one of the allowed outcomes
+              }
+              for (std::size_t i = count; i < buffer.size(); ++i)
+                ASSERT_EQ(buffer[i], sentinel)
+                    << name_of(a) << ": element " << i - count << " past the buffer was written";
+            },
+            c);
       } catch (const error&) {
         // the same, seen from run_in_process
       }
@@ -342,14 +393,17 @@ TEST(inproc_collective_contracts, mismatched_counts_never_write_outside_the_buff
 }
 
 TEST(inproc_collective_contracts, the_type_erased_allreduce_is_the_typed_one) {
-  run_in_process(3, [](communicator& comm) {
-    std::vector<std::int64_t> data(10, comm.rank() + 1);
-    allreduce(comm, dtype::i64, data.data(), data.data(), data.size(), reduce_op::sum);
-    EXPECT_EQ(data, std::vector<std::int64_t>(10, 6));
-    std::vector<float> in(5, 2.0f), out(5);
-    allreduce(comm, dtype::f32, in.data(), out.data(), in.size(), reduce_op::prod, algorithm::halving_doubling);
-    EXPECT_EQ(out, std::vector<float>(5, 8.0f));
-  }, test_config());
+  run_in_process(
+      3,
+      [](communicator& comm) {
+        std::vector<std::int64_t> data(10, comm.rank() + 1);
+        allreduce(comm, dtype::i64, data.data(), data.data(), data.size(), reduce_op::sum);
+        EXPECT_EQ(data, std::vector<std::int64_t>(10, 6));
+        std::vector<float> in(5, 2.0f), out(5);
+        allreduce(comm, dtype::f32, in.data(), out.data(), in.size(), reduce_op::prod, algorithm::halving_doubling);
+        EXPECT_EQ(out, std::vector<float>(5, 8.0f));
+      },
+      test_config());
 }
 
 }  // namespace

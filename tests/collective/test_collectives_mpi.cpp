@@ -67,7 +67,8 @@ TEST(mpi_collectives, allreduce_every_algorithm_dtype_and_op_matches_mpi) {
     for (const auto& c : sweep_cases<T>(dtype_of<T> == dtype::f32)) {
       if (!c.in_place && c.count > 7) continue;  // out of place is the same path after one copy
       const std::vector<T> want = oracle<T>(comm, c.op, c.count);
-      for (algorithm a : {algorithm::ring, algorithm::halving_doubling, algorithm::shared_memory, algorithm::automatic}) {
+      for (algorithm a :
+           {algorithm::ring, algorithm::halving_doubling, algorithm::shared_memory, algorithm::automatic}) {
         const std::vector<T> input = make_input<T>(c.op, comm.rank(), c.count);
         std::vector<T> out(c.count, from_int<T>(99));
         if (c.in_place) {
@@ -101,7 +102,8 @@ TEST(mpi_collectives, reduce_scatter_v_allgather_v_broadcast_reduce_alltoall_mat
   communicator comm = make_comm();
   const int p = comm.size();
   const auto me = static_cast<std::size_t>(comm.rank());
-  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, pipeline_chunk_bytes / sizeof(std::int32_t) + 1}) {
+  for (std::size_t count :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, pipeline_chunk_bytes / sizeof(std::int32_t) + 1}) {
     const std::vector<std::size_t> counts = uneven_counts(p, count);
     const block_layout layout = block_layout::of_counts(counts);
     std::vector<int> mpi_counts(counts.begin(), counts.end()), mpi_displs(layout.displs.begin(), layout.displs.end());
@@ -136,15 +138,17 @@ TEST(mpi_collectives, reduce_scatter_v_allgather_v_broadcast_reduce_alltoall_mat
       const std::vector<double> in = make_input<double>(reduce_op::prod, comm.rank(), count);
       std::vector<double> out(count), out_mpi(count);
       reduce(comm, std::span(in), std::span(out), reduce_op::prod, root, a);
-      ASSERT_EQ(MPI_Reduce(in.data(), out_mpi.data(), static_cast<int>(count), MPI_DOUBLE, MPI_PROD, root, comm.mpi_comm()),
-                MPI_SUCCESS);
+      ASSERT_EQ(
+          MPI_Reduce(in.data(), out_mpi.data(), static_cast<int>(count), MPI_DOUBLE, MPI_PROD, root, comm.mpi_comm()),
+          MPI_SUCCESS);
       if (comm.rank() == root) {
         EXPECT_TRUE(same_elements(out, out_mpi, "reduce " + std::string(name_of(a)) + " " + what));
       }
     }
 
     // alltoall vs MPI_Alltoall
-    const std::vector<std::int64_t> blocks = make_input<std::int64_t>(reduce_op::min, comm.rank(), count * static_cast<std::size_t>(p));
+    const std::vector<std::int64_t> blocks =
+        make_input<std::int64_t>(reduce_op::min, comm.rank(), count * static_cast<std::size_t>(p));
     std::vector<std::int64_t> out(blocks.size(), 99), out_mpi(blocks.size());
     alltoall(comm, std::span(blocks), std::span(out));
     ASSERT_EQ(MPI_Alltoall(blocks.data(), static_cast<int>(count), MPI_INT64_T, out_mpi.data(), static_cast<int>(count),

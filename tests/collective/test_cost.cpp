@@ -37,41 +37,57 @@ TEST(cost, seconds_weigh_each_term_with_its_channel) {
 
 TEST(cost, automatic_picks_halving_doubling_for_latency_and_ring_for_bandwidth_across_nodes) {
   // 8 ranks, one per node: shared memory and hierarchical are out; a slow-start, fast link
-  run_in_process(8, [](communicator& comm) {
-    set_cost_params(comm, cost_params{50e-6, 1.0 / 10e9, 1.0 / 20e9, 1e-6, 1.0 / 20e9});
-    EXPECT_EQ(choose_allreduce(comm, 4096), algorithm::halving_doubling);
-    // ring: 14 alpha + 1.75 n beta; hd: 6 alpha + 1.75 n beta: hd stays ahead for equal volumes,
-    // unless p is not a power of two (fold), checked below
-    EXPECT_EQ(choose_allreduce(comm, std::size_t{64} << 20), algorithm::halving_doubling);
-  }, config{}, 1);
-  run_in_process(6, [](communicator& comm) {
-    set_cost_params(comm, cost_params{50e-6, 1.0 / 10e9, 1.0 / 20e9, 1e-6, 1.0 / 20e9});
-    EXPECT_EQ(choose_allreduce(comm, 1024), algorithm::halving_doubling);
-    EXPECT_EQ(choose_allreduce(comm, std::size_t{64} << 20), algorithm::ring);  // the fold moves the whole buffer twice
-  }, config{}, 1);
+  run_in_process(
+      8,
+      [](communicator& comm) {
+        set_cost_params(comm, cost_params{50e-6, 1.0 / 10e9, 1.0 / 20e9, 1e-6, 1.0 / 20e9});
+        EXPECT_EQ(choose_allreduce(comm, 4096), algorithm::halving_doubling);
+        // ring: 14 alpha + 1.75 n beta; hd: 6 alpha + 1.75 n beta: hd stays ahead for equal volumes,
+        // unless p is not a power of two (fold), checked below
+        EXPECT_EQ(choose_allreduce(comm, std::size_t{64} << 20), algorithm::halving_doubling);
+      },
+      config{}, 1);
+  run_in_process(
+      6,
+      [](communicator& comm) {
+        set_cost_params(comm, cost_params{50e-6, 1.0 / 10e9, 1.0 / 20e9, 1e-6, 1.0 / 20e9});
+        EXPECT_EQ(choose_allreduce(comm, 1024), algorithm::halving_doubling);
+        EXPECT_EQ(choose_allreduce(comm, std::size_t{64} << 20),
+                  algorithm::ring);  // the fold moves the whole buffer twice
+      },
+      config{}, 1);
 }
 
 TEST(cost, automatic_picks_shared_memory_on_one_node_and_hierarchical_across_nodes) {
   const cost_params m{20e-6, 1.0 / 1e9, 1.0 / 10e9, 0.5e-6, 1.0 / 20e9};
-  run_in_process(4, [&](communicator& comm) {
-    set_cost_params(comm, m);
-    EXPECT_EQ(choose_allreduce(comm, std::size_t{16} << 20), algorithm::shared_memory);
-    EXPECT_EQ(choose_allreduce(comm, 4096), algorithm::shared_memory);
-  }, config{});
-  run_in_process(8, [&](communicator& comm) {  // 2 nodes of 4
-    set_cost_params(comm, m);
-    EXPECT_EQ(choose_allreduce(comm, std::size_t{16} << 20), algorithm::hierarchical);
-  }, config{}, 4);
+  run_in_process(
+      4,
+      [&](communicator& comm) {
+        set_cost_params(comm, m);
+        EXPECT_EQ(choose_allreduce(comm, std::size_t{16} << 20), algorithm::shared_memory);
+        EXPECT_EQ(choose_allreduce(comm, 4096), algorithm::shared_memory);
+      },
+      config{});
+  run_in_process(
+      8,
+      [&](communicator& comm) {  // 2 nodes of 4
+        set_cost_params(comm, m);
+        EXPECT_EQ(choose_allreduce(comm, std::size_t{16} << 20), algorithm::hierarchical);
+      },
+      config{}, 4);
 }
 
 TEST(cost, automatic_broadcast_and_reduce_choose_the_tree_for_small_and_the_chain_for_large) {
-  run_in_process(8, [](communicator& comm) {
-    set_cost_params(comm, cost_params{20e-6, 1.0 / 5e9, 1.0 / 10e9, 1e-6, 1.0 / 10e9});
-    EXPECT_EQ(choose_broadcast(comm, 1024), algorithm::binomial_tree);
-    EXPECT_EQ(choose_broadcast(comm, std::size_t{64} << 20), algorithm::chain);
-    EXPECT_EQ(choose_reduce(comm, 1024), algorithm::binomial_tree);
-    EXPECT_EQ(choose_reduce(comm, std::size_t{64} << 20), algorithm::chain);
-  }, config{}, 1);
+  run_in_process(
+      8,
+      [](communicator& comm) {
+        set_cost_params(comm, cost_params{20e-6, 1.0 / 5e9, 1.0 / 10e9, 1e-6, 1.0 / 10e9});
+        EXPECT_EQ(choose_broadcast(comm, 1024), algorithm::binomial_tree);
+        EXPECT_EQ(choose_broadcast(comm, std::size_t{64} << 20), algorithm::chain);
+        EXPECT_EQ(choose_reduce(comm, 1024), algorithm::binomial_tree);
+        EXPECT_EQ(choose_reduce(comm, std::size_t{64} << 20), algorithm::chain);
+      },
+      config{}, 1);
 }
 
 }  // namespace

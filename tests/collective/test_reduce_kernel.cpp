@@ -26,7 +26,8 @@ TEST(reduce_kernel, two_and_three_operand_forms_match_combine_for_every_dtype_an
         for (std::size_t i = 0; i < n; ++i) want[i] = T(combine(op, static_cast<A>(a[i]), static_cast<A>(b[i])));
         std::vector<T> two = a;
         reduce_into(std::span(two), std::span<const T>(b), op);
-        const std::string what = std::string(name_of(dtype_of<T>)) + " " + std::string(name_of(op)) + " n=" + std::to_string(n);
+        const std::string what =
+            std::string(name_of(dtype_of<T>)) + " " + std::string(name_of(op)) + " n=" + std::to_string(n);
         EXPECT_TRUE(same_elements(two, want, "reduce_into(dst, src) " + what));
         std::vector<T> three(n, from_int<T>(99));
         reduce_into(std::span(three), std::span<const T>(a), std::span<const T>(b), op);

@@ -33,7 +33,9 @@ void recursive_doubling_allgather(call& c, std::span<T> data, const block_layout
   const int p2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
   const int extra = p - p2;
   std::vector<request> pending;
-  auto send_block = [&](int peer, int block) { pending.push_back(c.t.isend(peer, c.tag, bytes_of(layout.of(data, block)))); };
+  auto send_block = [&](int peer, int block) {
+    pending.push_back(c.t.isend(peer, c.tag, bytes_of(layout.of(data, block))));
+  };
   auto recv_block = [&](int peer, int block) {
     pending.push_back(c.t.irecv(peer, c.tag, writable_bytes_of(layout.of(data, block))));
   };

@@ -30,13 +30,15 @@ void ring_allgather(call& c, std::span<T> data, const block_layout& layout) {
     const std::span<T> block = layout.of(data, recv_block(step));
     const chunking chunks = pipeline_chunks<T>(block.size());
     for (std::size_t k = 0; k < chunks.count(); ++k)
-      receives[static_cast<std::size_t>(step)].push_back(c.t.irecv(prev, c.tag, writable_bytes_of(chunks.of(block, k))));
+      receives[static_cast<std::size_t>(step)].push_back(
+          c.t.irecv(prev, c.tag, writable_bytes_of(chunks.of(block, k))));
   }
   std::vector<request> sends;
   // step 0: my own block
   const std::span<T> mine = layout.of(data, r);
   const chunking my_chunks = pipeline_chunks<T>(mine.size());
-  for (std::size_t k = 0; k < my_chunks.count(); ++k) sends.push_back(c.t.isend(next, c.tag, bytes_of(my_chunks.of(mine, k))));
+  for (std::size_t k = 0; k < my_chunks.count(); ++k)
+    sends.push_back(c.t.isend(next, c.tag, bytes_of(my_chunks.of(mine, k))));
   // steps 1 ..: forward what arrived in the step before
   for (int step = 0; step < p - 1; ++step) {
     const std::span<T> block = layout.of(data, recv_block(step));

@@ -128,14 +128,19 @@ void wait_for_peers(const communicator& comm, Counter&& counter_of, std::uint64_
 
 /// The one-hand-off round of a small buffer (see the top of this file).
 template <element T>
-void one_shot_round(const communicator& comm, const shm_geometry& shm, std::uint64_t g, std::span<T> data,
-                    reduce_op op, deadline until) {
+void one_shot_round(const communicator& comm, const shm_geometry& shm, std::uint64_t g, std::span<T> data, reduce_op op,
+                    deadline until) {
   const int p = comm.size(), me = comm.rank();
-  auto slot = [&](int q) { return std::span<const T>(reinterpret_cast<const T*>(shm.round_buffer(q, g)), data.size()); };
-  if (g >= shm_depth) wait_for_peers(comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "consuming", until);
+  auto slot = [&](int q) {
+    return std::span<const T>(reinterpret_cast<const T*>(shm.round_buffer(q, g)), data.size());
+  };
+  if (g >= shm_depth)
+    wait_for_peers(
+        comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "consuming", until);
   std::memcpy(shm.round_buffer(me, g), data.data(), data.size_bytes());
   shm.published(me).publish(g + 1);
-  wait_for_peers(comm, [&](int q) { return shm.published(q); }, g + 1, "publishing", until);
+  wait_for_peers(
+      comm, [&](int q) { return shm.published(q); }, g + 1, "publishing", until);
   reduce_into(data, slot(0), slot(1), op);
   for (int q = 2; q < p; ++q) reduce_into(data, slot(q), op);
   shm.reduced(me).publish(g + 1);
@@ -176,7 +181,9 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
     };
     auto slot = [&](int q) { return std::span<T>(reinterpret_cast<T*>(shm.round_buffer(q, g)), round.size()); };
     // step 1: my round buffer is free once every peer consumed round g - depth
-    if (g >= shm_depth) wait_for_peers(comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "consuming", until);
+    if (g >= shm_depth)
+      wait_for_peers(
+          comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "consuming", until);
     // step 2: publish the parts the others reduce
     for (int q = 0; q < p; ++q) {
       if (q == me) continue;
@@ -185,7 +192,8 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
     }
     shm.published(me).publish(g + 1);
     // step 3: reduce my part out of every peer's buffer, then share the result
-    wait_for_peers(comm, [&](int q) { return shm.published(q); }, g + 1, "publishing", until);
+    wait_for_peers(
+        comm, [&](int q) { return shm.published(q); }, g + 1, "publishing", until);
     const auto [my_lo, my_len] = part(me);
     const std::span<T> mine = round.subspan(my_lo, my_len);
     for (int q = 0; q < p; ++q)
@@ -193,7 +201,8 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
     if (my_len) std::memcpy(slot(me).data() + my_lo, mine.data(), my_len * sizeof(T));
     shm.reduced(me).publish(g + 1);
     // step 4: gather the parts the others reduced
-    wait_for_peers(comm, [&](int q) { return shm.reduced(q); }, g + 1, "reducing", until);
+    wait_for_peers(
+        comm, [&](int q) { return shm.reduced(q); }, g + 1, "reducing", until);
     for (int q = 0; q < p; ++q) {
       if (q == me) continue;
       const auto [lo, len] = part(q);

@@ -127,8 +127,8 @@ inline algorithm cheapest_allreduce(communicator& comm, std::size_t bytes) {
   if (topo.node_count() == 1)
     candidates.push_back({algorithm::shared_memory, allreduce_shared_memory_cost(p, b).seconds(m)});
   if (topo.node_count() > 1 && topo.uniform() && topo.local_size() > 1)
-    candidates.push_back({algorithm::hierarchical,
-                          allreduce_hierarchical_cost(topo.local_size(), topo.node_count(), b, m).seconds(m)});
+    candidates.push_back(
+        {algorithm::hierarchical, allreduce_hierarchical_cost(topo.local_size(), topo.node_count(), b, m).seconds(m)});
   std::stable_sort(candidates.begin(), candidates.end(), [](auto& x, auto& y) { return x.seconds < y.seconds; });
   for (const candidate& c : candidates) {
     if (c.a == algorithm::shared_memory && !detail::shared_memory_of(comm)) continue;
@@ -155,8 +155,9 @@ inline algorithm choose_broadcast(communicator& comm, std::size_t bytes) {
   if (p <= 2) return algorithm::chain;
   const cost_params& m = machine_of(comm);
   const double b = static_cast<double>(bytes);
-  return broadcast_binomial_tree_cost(p, b).seconds(m) < broadcast_chain_cost(p, b).seconds(m) ? algorithm::binomial_tree
-                                                                                                : algorithm::chain;
+  return broadcast_binomial_tree_cost(p, b).seconds(m) < broadcast_chain_cost(p, b).seconds(m)
+             ? algorithm::binomial_tree
+             : algorithm::chain;
 }
 
 /// reduce: chain or binomial_tree, by cost.
@@ -166,7 +167,7 @@ inline algorithm choose_reduce(communicator& comm, std::size_t bytes) {
   const cost_params& m = machine_of(comm);
   const double b = static_cast<double>(bytes);
   return reduce_binomial_tree_cost(p, b).seconds(m) < reduce_chain_cost(p, b).seconds(m) ? algorithm::binomial_tree
-                                                                                          : algorithm::chain;
+                                                                                         : algorithm::chain;
 }
 
 }  // namespace flexpar

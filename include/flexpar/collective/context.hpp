@@ -58,10 +58,14 @@ struct block_layout {
   /// Offset of block `block`.
   [[nodiscard]] std::size_t displ(int block) const { return displs[static_cast<std::size_t>(block)]; }
   /// Elements of the largest block (0 for no blocks).
-  [[nodiscard]] std::size_t max_count() const { return counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end()); }
+  [[nodiscard]] std::size_t max_count() const {
+    return counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+  }
   /// Block `block` of `data`.
   template <class T>
-  [[nodiscard]] std::span<T> of(std::span<T> data, int block) const { return data.subspan(displ(block), count(block)); }
+  [[nodiscard]] std::span<T> of(std::span<T> data, int block) const {
+    return data.subspan(displ(block), count(block));
+  }
 };
 
 namespace detail {
@@ -106,7 +110,9 @@ struct chunking {
   [[nodiscard]] std::size_t offset(std::size_t c) const noexcept { return c * chunk; }
   [[nodiscard]] std::size_t size(std::size_t c) const noexcept { return std::min(chunk, elements - c * chunk); }
   template <class T>
-  [[nodiscard]] std::span<T> of(std::span<T> data, std::size_t c) const { return data.subspan(offset(c), size(c)); }
+  [[nodiscard]] std::span<T> of(std::span<T> data, std::size_t c) const {
+    return data.subspan(offset(c), size(c));
+  }
 };
 
 template <class T>
@@ -115,15 +121,21 @@ chunking pipeline_chunks(std::size_t elements) {
 }
 
 template <class T>
-std::span<const std::byte> bytes_of(std::span<T> s) noexcept { return std::as_bytes(s); }
+std::span<const std::byte> bytes_of(std::span<T> s) noexcept {
+  return std::as_bytes(s);
+}
 template <class T>
-std::span<std::byte> writable_bytes_of(std::span<T> s) noexcept { return std::as_writable_bytes(s); }
+std::span<std::byte> writable_bytes_of(std::span<T> s) noexcept {
+  return std::as_writable_bytes(s);
+}
 
 constexpr int modulo(long a, int p) noexcept { return static_cast<int>(((a % p) + p) % p); }
 
 /// Scratch space of n elements, left uninitialised.
 template <element T>
-std::unique_ptr<T[]> scratch(std::size_t n) { return std::make_unique_for_overwrite<T[]>(n); }
+std::unique_ptr<T[]> scratch(std::size_t n) {
+  return std::make_unique_for_overwrite<T[]>(n);
+}
 
 /// The common preamble of a collective call: its channel, tag and deadline.
 struct call {

@@ -17,11 +17,11 @@ namespace flexpar {
 /// The machine the costs are evaluated on. Two channels: the transport between ranks (alpha, beta)
 /// and memory inside a node (shm_alpha, copy_beta), which the shared-memory algorithms use.
 struct cost_params {
-  double alpha = 5e-6;             ///< seconds per message on the transport
-  double beta = 1.0 / 2.0e9;       ///< seconds per byte on the transport
-  double gamma = 1.0 / 8.0e9;      ///< seconds per byte through the reduction kernel
-  double shm_alpha = 1e-6;         ///< seconds per flag hand-off between ranks of one node
-  double copy_beta = 1.0 / 10.0e9; ///< seconds per byte copied to or from a shared-memory slot
+  double alpha = 5e-6;              ///< seconds per message on the transport
+  double beta = 1.0 / 2.0e9;        ///< seconds per byte on the transport
+  double gamma = 1.0 / 8.0e9;       ///< seconds per byte through the reduction kernel
+  double shm_alpha = 1e-6;          ///< seconds per flag hand-off between ranks of one node
+  double copy_beta = 1.0 / 10.0e9;  ///< seconds per byte copied to or from a shared-memory slot
 };
 
 /// Cost of one collective on one rank's critical path. Steps and bytes that go between ranks of one

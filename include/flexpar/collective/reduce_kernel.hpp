@@ -48,16 +48,28 @@ constexpr T narrow(accumulate_t<T> v) noexcept {
 }
 
 struct op_sum {
-  template <class A> constexpr A operator()(A a, A b) const noexcept { return static_cast<A>(a + b); }
+  template <class A>
+  constexpr A operator()(A a, A b) const noexcept {
+    return static_cast<A>(a + b);
+  }
 };
 struct op_prod {
-  template <class A> constexpr A operator()(A a, A b) const noexcept { return static_cast<A>(a * b); }
+  template <class A>
+  constexpr A operator()(A a, A b) const noexcept {
+    return static_cast<A>(a * b);
+  }
 };
 struct op_min {
-  template <class A> constexpr A operator()(A a, A b) const noexcept { return b < a ? b : a; }
+  template <class A>
+  constexpr A operator()(A a, A b) const noexcept {
+    return b < a ? b : a;
+  }
 };
 struct op_max {
-  template <class A> constexpr A operator()(A a, A b) const noexcept { return a < b ? b : a; }
+  template <class A>
+  constexpr A operator()(A a, A b) const noexcept {
+    return a < b ? b : a;
+  }
 };
 
 /// Calls `f(op_functor)` for a run-time reduce_op (avg combines as sum).
@@ -157,7 +169,8 @@ __attribute__((target("avx,f16c"))) inline void widen_f16c(const half* in, float
 __attribute__((target("avx,f16c"))) inline void narrow_f16c(const float* in, half* out, std::size_t n) noexcept {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
   for (; i < n; ++i) out[i] = half(in[i]);
 }
 #endif

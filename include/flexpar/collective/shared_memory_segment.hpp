@@ -104,9 +104,13 @@ class shared_memory_segment {
   }
 
   template <class T>
-  static std::span<const std::byte> as_bytes(const T& v) { return std::as_bytes(std::span(&v, 1)); }
+  static std::span<const std::byte> as_bytes(const T& v) {
+    return std::as_bytes(std::span(&v, 1));
+  }
   template <class T>
-  static std::span<std::byte> as_writable_bytes(T& v) { return std::as_writable_bytes(std::span(&v, 1)); }
+  static std::span<std::byte> as_writable_bytes(T& v) {
+    return std::as_writable_bytes(std::span(&v, 1));
+  }
 
   void* base_;
   std::size_t bytes_;

@@ -175,8 +175,8 @@ class engine {
 
   /// Counters since construction (for tests and benchmarks).
   struct statistics {
-    std::size_t cycles = 0;        ///< negotiation cycles run
-    std::size_t tensors_done = 0;  ///< handles completed (successfully or not)
+    std::size_t cycles = 0;             ///< negotiation cycles run
+    std::size_t tensors_done = 0;       ///< handles completed (successfully or not)
     std::size_t fused_collectives = 0;  ///< collectives that carried more than one tensor
     std::size_t collectives = 0;        ///< collectives run (fused or not)
     std::size_t cache_hits = 0;         ///< tensors this rank reported by cache slot
