@@ -684,9 +684,9 @@ class engine_core {
       if (it == pending_.end()) {
         entries.push_back(nullptr);
       } else {
-        entries.push_back(it->second);
-        pending_.erase(it);
         it->second->responded = responded;
+        entries.push_back(std::move(it->second));
+        pending_.erase(it);
       }
     }
     const clock::time_point begin = clock::now();
