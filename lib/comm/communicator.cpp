@@ -25,6 +25,14 @@ owned_mpi_comm duplicate_for_flexpar(MPI_Comm comm) {
   return owned;
 }
 
+owned_mpi_comm split_for_flexpar(MPI_Comm comm, int color, int key) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  FLEXPAR_CHECK_MPI(MPI_Comm_split(comm, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+  owned_mpi_comm owned(sub);
+  if (sub != MPI_COMM_NULL) FLEXPAR_CHECK_MPI(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
+  return owned;
+}
+
 }  // namespace detail
 
 // ---- node_topology ------------------------------------------------------------------------------
@@ -134,12 +142,7 @@ communicator::communicator(std::unique_ptr<flexpar::transport> t, node_topology 
 std::optional<communicator> communicator::split(int color, int key) const {
   // The MPI communicator (if any) and the transport split alike, so both keep the same ranks.
   detail::owned_mpi_comm sub_mpi;
-  if (mpi_.get() != MPI_COMM_NULL) {
-    MPI_Comm sub = MPI_COMM_NULL;
-    FLEXPAR_CHECK_MPI(MPI_Comm_split(mpi_.get(), color < 0 ? MPI_UNDEFINED : color, key, &sub));
-    sub_mpi = detail::owned_mpi_comm(sub);
-    if (sub != MPI_COMM_NULL) FLEXPAR_CHECK_MPI(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
-  }
+  if (mpi_.get() != MPI_COMM_NULL) sub_mpi = detail::split_for_flexpar(mpi_.get(), color, key);
   std::unique_ptr<flexpar::transport> sub = transport_->split(color, key);
   if (!sub) return std::nullopt;
   // The members' parent ranks, in their new order, give the restricted topology.

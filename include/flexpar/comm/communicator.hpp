@@ -51,6 +51,10 @@ class owned_mpi_comm {
 
 /// MPI_Comm_dup of `comm` with MPI_ERRORS_RETURN set, so that failures reach FLEXPAR_CHECK_MPI.
 owned_mpi_comm duplicate_for_flexpar(MPI_Comm comm);
+
+/// Collective: MPI_Comm_split of `comm` (a negative color is MPI_UNDEFINED and gives an empty
+/// handle), with MPI_ERRORS_RETURN set on the result.
+owned_mpi_comm split_for_flexpar(MPI_Comm comm, int color, int key);
 }  // namespace detail
 
 /// Which ranks share a node (shared memory). Ranks of one node need not be consecutive.

@@ -406,12 +406,9 @@ class ucx_transport final : public transport {
   [[nodiscard]] tag_t max_tag() const noexcept override { return (tag_t{1} << tag_bits) - 1; }
 
   [[nodiscard]] std::unique_ptr<transport> split(int color, int key) override {
-    MPI_Comm sub = MPI_COMM_NULL;
-    FLEXPAR_CHECK_MPI(MPI_Comm_split(comm_.get(), color < 0 ? MPI_UNDEFINED : color, key, &sub));
-    if (sub == MPI_COMM_NULL) return nullptr;
-    detail::owned_mpi_comm owned(sub);
-    FLEXPAR_CHECK_MPI(MPI_Comm_set_errhandler(owned.get(), MPI_ERRORS_RETURN));
-    return std::make_unique<ucx_transport>(std::move(owned), config_);
+    detail::owned_mpi_comm sub = detail::split_for_flexpar(comm_.get(), color, key);
+    if (sub.get() == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<ucx_transport>(std::move(sub), config_);
   }
 
  protected:
