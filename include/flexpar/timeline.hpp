@@ -30,8 +30,6 @@ class timeline {
   void mark(std::string_view track, std::string_view name, clock::time_point at,
             std::vector<std::pair<std::string, std::string>> args = {});
 
-  /// Number of events recorded so far.
-  [[nodiscard]] std::size_t event_count() const;
   /// This rank's events as a JSON array (each event with pid = rank), sorted by time per track.
   [[nodiscard]] std::string events_json() const;
 

@@ -363,6 +363,7 @@ class engine_core {
         r.text = in.get_string();
       }
     }
+    in.expect_end();
     execute(list, responded);
     for (const auto& r : list)
       if (r.type == response_type::run_full) remember(r);
@@ -445,6 +446,7 @@ class engine_core {
         t.by_rank[static_cast<std::size_t>(r)] = d;
         if (timeline_) timeline_->mark(name, "READY rank " + std::to_string(r), now);
       }
+      in.expect_end();
     }
     const bool all_joined = std::all_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; });
 

@@ -28,7 +28,6 @@ class wire_writer {
                   reinterpret_cast<const std::byte*>(s.data()) + s.size());
   }
   [[nodiscard]] std::vector<std::byte>& bytes() noexcept { return bytes_; }
-  void clear() noexcept { bytes_.clear(); }
 
  private:
   std::vector<std::byte> bytes_;
@@ -52,7 +51,12 @@ class wire_reader {
     at_ += n;
     return s;
   }
-  [[nodiscard]] bool done() const noexcept { return at_ == bytes_.size(); }
+  /// Throws unless every byte was read (a longer message than this version writes).
+  void expect_end() const {
+    if (at_ != bytes_.size())
+      throw error("engine protocol error: " + std::to_string(bytes_.size() - at_) +
+                  " unread bytes at the end of a message (do all ranks run the same flexpar?)");
+  }
 
  private:
   void need(std::size_t n) const {

@@ -35,11 +35,6 @@ void timeline::mark(std::string_view track, std::string_view name, clock::time_p
   events_.push_back({std::string(track), std::string(name), 'i', ts, 0, std::move(args)});
 }
 
-std::size_t timeline::event_count() const {
-  std::lock_guard lock(mutex_);
-  return events_.size();
-}
-
 std::string timeline::events_json() const {
   std::lock_guard lock(mutex_);
   json out = json::array();
