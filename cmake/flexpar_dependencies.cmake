@@ -3,6 +3,12 @@ find_package(Threads REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
 # Header-only, used inside lib/ only (the timeline's JSON): not a dependency of consumers.
 find_package(nlohmann_json 3 REQUIRED)
+# The local math of the SBP ops (lib/sbp/local_math.cpp): a real BLAS, OpenBLAS unless the user picks
+# another vendor with -DBLA_VENDOR=... . Linked privately; cblas.h is never in a public header.
+if(NOT DEFINED BLA_VENDOR)
+  set(BLA_VENDOR OpenBLAS)
+endif()
+find_package(BLAS REQUIRED)
 
 set(FLEXPAR_HAVE_UCX OFF)
 if(FLEXPAR_WITH_UCX)

@@ -155,6 +155,30 @@ TEST(mpi_collectives, reduce_scatter_v_allgather_v_broadcast_reduce_alltoall_mat
                            MPI_INT64_T, comm.mpi_comm()),
               MPI_SUCCESS);
     EXPECT_TRUE(same_elements(out, out_mpi, "alltoall " + what));
+
+    // alltoall_v vs MPI_Alltoallv: rank i sends (i + j + count) % 3 elements to rank j (zeros included)
+    std::vector<std::size_t> sends(static_cast<std::size_t>(p)), receives(static_cast<std::size_t>(p));
+    std::vector<int> send_counts(sends.size()), recv_counts(sends.size()), send_displs(sends.size()),
+        recv_displs(sends.size());
+    for (int j = 0; j < p; ++j) {
+      const auto u = static_cast<std::size_t>(j);
+      sends[u] = static_cast<std::size_t>(comm.rank() + j) % 3 + count % 5;
+      receives[u] = static_cast<std::size_t>(j + comm.rank()) % 3 + count % 5;
+      send_counts[u] = static_cast<int>(sends[u]);
+      recv_counts[u] = static_cast<int>(receives[u]);
+      send_displs[u] = j == 0 ? 0 : send_displs[u - 1] + send_counts[u - 1];
+      recv_displs[u] = j == 0 ? 0 : recv_displs[u - 1] + recv_counts[u - 1];
+    }
+    const std::size_t send_total = static_cast<std::size_t>(send_displs.back() + send_counts.back());
+    const std::size_t recv_total = static_cast<std::size_t>(recv_displs.back() + recv_counts.back());
+    const std::vector<std::int64_t> v_in = make_input<std::int64_t>(reduce_op::sum, comm.rank(), send_total);
+    std::vector<std::int64_t> v_out(recv_total, 99), v_out_mpi(recv_total);
+    alltoall_v(comm, std::span(v_in), std::span<const std::size_t>(sends), std::span(v_out),
+               std::span<const std::size_t>(receives));
+    ASSERT_EQ(MPI_Alltoallv(v_in.data(), send_counts.data(), send_displs.data(), MPI_INT64_T, v_out_mpi.data(),
+                            recv_counts.data(), recv_displs.data(), MPI_INT64_T, comm.mpi_comm()),
+              MPI_SUCCESS);
+    EXPECT_TRUE(same_elements(v_out, v_out_mpi, "alltoall_v " + what));
   }
   barrier(comm);
 }

@@ -34,5 +34,22 @@ void pairwise_alltoall(call& c, std::span<const T> in, std::span<T> out, std::si
   }
 }
 
+/// Uneven: block j of `in` (sends.of(in, j)) goes to rank j; block i of `out` (receives.of(out, i))
+/// comes from rank i. Empty blocks still exchange an empty message (one step per partner, as above).
+/// @pre in and out do not overlap; sends.count(j) on rank i == receives.count(i) on rank j.
+template <element T>
+void pairwise_alltoall_v(call& c, std::span<const T> in, const block_layout& sends, std::span<T> out,
+                         const block_layout& receives) {
+  const int p = c.size, r = c.rank;
+  std::copy_n(sends.of(in, r).begin(), sends.count(r), receives.of(out, r).begin());  // step 0
+  for (int step = 1; step < p; ++step) {
+    const int to = modulo(r + step, p), from = modulo(r - step, p);
+    request incoming = c.t.irecv(from, c.tag, writable_bytes_of(receives.of(out, from)));
+    request outgoing = c.t.isend(to, c.tag, std::as_bytes(sends.of(in, to)));
+    incoming.wait(c.until);
+    outgoing.wait(c.until);
+  }
+}
+
 }  // namespace detail
 }  // namespace flexpar

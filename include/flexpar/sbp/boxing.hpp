@@ -1,0 +1,563 @@
+// flexpar/sbp/boxing.hpp — changing a tensor's SBP: to<NewSbp>(t).
+//
+// One mesh axis: each pair (From, To) is one overload of box_axis, a script of named steps:
+//
+//   | from \ to | B                     | S(j)                          | P(op)                    |
+//   |-----------|-----------------------|-------------------------------|--------------------------|
+//   | B         | free                  | slice my rows (local)         | keep at coord 0, zeros   |
+//   |           |                       |                               | elsewhere (sum); keep    |
+//   |           |                       |                               | everywhere (max, min)    |
+//   | S(i)      | allgather_v (+unpack) | i == j: free; else            | pad with the op's        |
+//   |           |                       | pack -> alltoall_v -> unpack  | identity (local)         |
+//   | P(op)     | allreduce(op)         | pack -> reduce_scatter_v(op)  | same op: free; else via B|
+//
+// Costs (ring collectives, n = bytes the mesh-axis group holds jointly, p = its ranks):
+//   allreduce 2(p-1)/p n, reduce_scatter and allgather (p-1)/p n, alltoall (p-1)/p n / p; the local
+//   transforms move no bytes on the wire (boxing_cost counts what they copy as copy_bytes).
+//
+// nd-SBP: one mesh axis at a time, through that axis's sub-communicator (placement::axis(d)).
+// Changing axis d is sound when no mesh axis after d splits a tensor axis that d's old or new SBP
+// splits (those inner pieces would not be contiguous in d's group); the planner tries every order of
+// the axes that differ and, when none is sound, goes through B: inner axes to B first, then outer
+// axes to their targets. For static SBPs the route is a constexpr value computed at compile time.
+// X -> X is free: to<X>(t) returns t itself (no allocation, no copy).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <flexpar/collective.hpp>
+#include <flexpar/collective/cost.hpp>
+#include <flexpar/sbp/global_tensor.hpp>
+#include <flexpar/sbp/layout.hpp>
+#include <flexpar/sbp/parallel.hpp>
+
+namespace flexpar::sbp {
+
+// ---- one mesh axis -----------------------------------------------------------------------------
+
+/// What one mesh-axis transform works on: the group of that axis, the shape the group holds jointly,
+/// and my shard (replaced by the transform).
+template <element T>
+struct axis_view {
+  communicator& comm;   ///< the mesh-axis group
+  shape_t group_shape;  ///< the tensor the group holds jointly (other axes' splits applied)
+  std::vector<T> local;  ///< my shard under the current SBP of this axis
+};
+
+namespace detail {
+
+/// [outer, n_axis, inner] view of a shape around `axis`.
+struct around {
+  std::size_t outer = 1, rows = 1, inner = 1;
+  around(const shape_t& s, std::size_t axis) {
+    for (std::size_t i = 0; i < axis; ++i) outer *= s[i];
+    rows = s[axis];
+    for (std::size_t i = axis + 1; i < s.size(); ++i) inner *= s[i];
+  }
+};
+
+inline std::vector<part> parts_of(std::size_t n, int p) {
+  std::vector<part> out(static_cast<std::size_t>(p));
+  for (int i = 0; i < p; ++i) out[static_cast<std::size_t>(i)] = balanced_part(n, p, i);
+  return out;
+}
+
+/// Packs `data` (shape [outer, rows, inner]) into p contiguous blocks, block j = rows of part j.
+template <class T>
+std::vector<T> pack_rows(std::span<const T> data, const around& v, const std::vector<part>& parts,
+                         std::vector<std::size_t>& counts) {
+  std::vector<T> out(data.size());
+  counts.resize(parts.size());
+  std::size_t at = 0;
+  for (std::size_t j = 0; j < parts.size(); ++j) {
+    const shape_t extent{v.outer, parts[j].count, v.inner};
+    counts[j] = elements_of(extent);
+    copy_box<T>(data, {v.outer, v.rows, v.inner}, {0, parts[j].offset, 0}, std::span<T>(out).subspan(at), extent,
+                {0, 0, 0}, extent);
+    at += counts[j];
+  }
+  return out;
+}
+
+/// The inverse of pack_rows.
+template <class T>
+void unpack_rows(std::span<const T> packed, const around& v, const std::vector<part>& parts, std::span<T> out) {
+  std::size_t at = 0;
+  for (const part& pt : parts) {
+    const shape_t extent{v.outer, pt.count, v.inner};
+    copy_box<T>(packed.subspan(at), extent, {0, 0, 0}, out, {v.outer, v.rows, v.inner}, {0, pt.offset, 0}, extent);
+    at += elements_of(extent);
+  }
+}
+
+}  // namespace detail
+
+/// X -> X: nothing moves.
+template <element T, one_axis_sbp X>
+void box_axis(axis_view<T>&, X, X) {}
+
+/// P(op) -> B: allreduce(op) of my full-shape summand, in place.
+template <element T, reduce_op Op>
+void box_axis(axis_view<T>& v, partial<Op>, broadcast) {
+  allreduce(v.comm, std::span<T>(v.local), Op);
+}
+
+/// P(op) -> S(i): pack the rows of every destination together, reduce_scatter_v(op), keep mine.
+template <element T, reduce_op Op, int I>
+void box_axis(axis_view<T>& v, partial<Op>, split<I>) {
+  const detail::around a(v.group_shape, I);
+  const auto parts = detail::parts_of(a.rows, v.comm.size());
+  std::vector<std::size_t> counts;
+  std::vector<T> packed = a.outer == 1 ? std::move(v.local) : detail::pack_rows<T>(v.local, a, parts, counts);
+  if (a.outer == 1)
+    for (const part& pt : parts) counts.push_back(pt.count * a.inner);
+  const std::span<T> mine = reduce_scatter_v(v.comm, std::span<T>(packed), std::span<const std::size_t>(counts), Op);
+  v.local.assign(mine.begin(), mine.end());
+}
+
+/// S(i) -> B: allgather_v of every shard, then unpack the rows when axis i is not the outermost.
+template <element T, int I>
+void box_axis(axis_view<T>& v, split<I>, broadcast) {
+  const detail::around a(v.group_shape, I);
+  const auto parts = detail::parts_of(a.rows, v.comm.size());
+  std::vector<std::size_t> counts(parts.size());
+  for (std::size_t j = 0; j < parts.size(); ++j) counts[j] = a.outer * parts[j].count * a.inner;
+  std::vector<T> gathered(elements_of(v.group_shape));
+  allgather_v(v.comm, std::span<const T>(v.local), std::span<T>(gathered), std::span<const std::size_t>(counts));
+  if (a.outer == 1) {
+    v.local = std::move(gathered);
+    return;
+  }
+  std::vector<T> full(gathered.size());
+  detail::unpack_rows<T>(gathered, a, parts, full);
+  v.local = std::move(full);
+}
+
+/// S(i) -> S(j), i != j: cut my shard by j's parts, alltoall_v, assemble by i's parts.
+template <element T, int I, int J>
+  requires(I != J)
+void box_axis(axis_view<T>& v, split<I>, split<J>) {
+  const int p = v.comm.size(), me = v.comm.rank();
+  const auto rows_i = detail::parts_of(v.group_shape[I], p), rows_j = detail::parts_of(v.group_shape[J], p);
+  const shape_t mine_now = with_extent(v.group_shape, I, rows_i[static_cast<std::size_t>(me)].count);
+  const shape_t mine_next = with_extent(v.group_shape, J, rows_j[static_cast<std::size_t>(me)].count);
+  std::vector<std::size_t> sends(static_cast<std::size_t>(p)), receives(static_cast<std::size_t>(p));
+  std::vector<T> packed(v.local.size());
+  std::size_t at = 0;
+  for (int k = 0; k < p; ++k) {  // block k: my rows of i, rank k's rows of j
+    const shape_t extent = with_extent(mine_now, J, rows_j[static_cast<std::size_t>(k)].count);
+    shape_t from(v.group_shape.size(), 0);
+    from[J] = rows_j[static_cast<std::size_t>(k)].offset;
+    copy_box<T>(v.local, mine_now, from, std::span<T>(packed).subspan(at), extent, shape_t(extent.size(), 0), extent);
+    sends[static_cast<std::size_t>(k)] = elements_of(extent);
+    receives[static_cast<std::size_t>(k)] = elements_of(with_extent(mine_next, I, rows_i[static_cast<std::size_t>(k)].count));
+    at += sends[static_cast<std::size_t>(k)];
+  }
+  std::vector<T> incoming(elements_of(mine_next));
+  alltoall_v(v.comm, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(incoming),
+             std::span<const std::size_t>(receives));
+  std::vector<T> next(incoming.size());
+  at = 0;
+  for (int k = 0; k < p; ++k) {  // rank k's rows of i, my rows of j
+    const shape_t extent = with_extent(mine_next, I, rows_i[static_cast<std::size_t>(k)].count);
+    shape_t to(v.group_shape.size(), 0);
+    to[I] = rows_i[static_cast<std::size_t>(k)].offset;
+    copy_box<T>(std::span<const T>(incoming).subspan(at), extent, shape_t(extent.size(), 0), next, mine_next, to, extent);
+    at += elements_of(extent);
+  }
+  v.local = std::move(next);
+}
+
+/// B -> S(i): keep my rows (local).
+template <element T, int I>
+void box_axis(axis_view<T>& v, broadcast, split<I>) {
+  const part mine = balanced_part(v.group_shape[I], v.comm.size(), v.comm.rank());
+  const shape_t extent = with_extent(v.group_shape, I, mine.count);
+  shape_t from(v.group_shape.size(), 0);
+  from[I] = mine.offset;
+  std::vector<T> out(elements_of(extent));
+  copy_box<T>(v.local, v.group_shape, from, out, extent, shape_t(extent.size(), 0), extent);
+  v.local = std::move(out);
+}
+
+/// B -> P(op): sum keeps the values at coordinate 0 and zeros elsewhere; max and min keep them
+/// everywhere (idempotent). Local.
+template <element T, reduce_op Op>
+void box_axis(axis_view<T>& v, broadcast, partial<Op>) {
+  if (Op == reduce_op::sum && v.comm.rank() != 0) std::fill(v.local.begin(), v.local.end(), T{});
+}
+
+/// S(i) -> P(op): my rows in a full-shape tensor of the op's identity (local).
+template <element T, int I, reduce_op Op>
+void box_axis(axis_view<T>& v, split<I>, partial<Op>) {
+  const part mine = balanced_part(v.group_shape[I], v.comm.size(), v.comm.rank());
+  const shape_t extent = with_extent(v.group_shape, I, mine.count);
+  shape_t to(v.group_shape.size(), 0);
+  to[I] = mine.offset;
+  std::vector<T> out(elements_of(v.group_shape), detail::partial_identity<T>(Op));
+  copy_box<T>(v.local, extent, shape_t(extent.size(), 0), out, v.group_shape, to, extent);
+  v.local = std::move(out);
+}
+
+/// P(a) -> P(b), a != b: no one-step transform; routes go through B (this overload is reached only by
+/// a hand-made dynamic route).
+template <element T, reduce_op A, reduce_op B>
+  requires(A != B)
+void box_axis(axis_view<T>& v, partial<A>, partial<B>) {
+  throw usage_error(detail::on_rank(v.comm.rank(), "box_axis") + "P(" + std::string(name_of(A)) + ") -> P(" +
+                    std::string(name_of(B)) + ") has no one-step transform; box through B");
+}
+
+// ---- routes ------------------------------------------------------------------------------------
+
+/// One step of a route: mesh axis `axis` goes from `from` to `to`.
+struct route_step {
+  std::size_t axis = 0;  ///< the mesh axis
+  parallel from{};       ///< its SBP before
+  parallel to{};         ///< its SBP after
+};
+
+/// A boxing route: steps in order, and the nd-SBP before each step.
+struct route {
+  static constexpr std::size_t max_steps = 3 * max_mesh_rank;  ///< to B and back, plus P(a)->B->P(b)
+  std::array<route_step, max_steps> steps{};                   ///< [0, count) are used
+  std::array<nd_parallel, max_steps> before{};                 ///< the nd-SBP before each step
+  std::size_t count = 0;                                       ///< steps
+  bool through_broadcast = false;                              ///< no axis-by-axis order was sound
+  double nominal_cost = 0;                                     ///< the planner's score (see plan())
+};
+
+namespace detail {
+
+/// Changing mesh axis d of `cur` to `to` is sound (header comment).
+constexpr bool step_sound(const nd_parallel& cur, std::size_t d, const parallel& to) noexcept {
+  for (std::size_t e = d + 1; e < cur.rank; ++e) {
+    if (!cur[e].is_split()) continue;
+    if (cur[d].is_split() && cur[d].axis == cur[e].axis) return false;
+    if (to.is_split() && to.axis == cur[e].axis) return false;
+  }
+  return true;
+}
+
+/// Wire bytes of one step as a fraction of the logical tensor, on a nominal mesh of 2 per axis.
+constexpr double nominal_step_cost(const nd_parallel& cur, std::size_t d, const parallel& to) noexcept {
+  double held = 1.0;  // what d's group holds jointly
+  for (std::size_t e = 0; e < cur.rank; ++e)
+    if (e != d && cur[e].is_split()) held /= 2;
+  const parallel& from = cur[d];
+  if (from == to) return 0;
+  if (from.is_partial() && to.is_broadcast()) return held;         // allreduce: 2 (p-1)/p
+  if (from.is_partial() && to.is_split()) return held / 2;         // reduce-scatter
+  if (from.is_split() && to.is_broadcast()) return held / 2;       // allgather
+  if (from.is_split() && to.is_split()) return held / 4;           // alltoall
+  return 0;                                                        // local
+}
+
+/// Appends the step (d: cur[d] -> to) to r, as two steps through B for P(a) -> P(b).
+constexpr bool append_step(route& r, nd_parallel& cur, std::size_t d, const parallel& to) noexcept {
+  if (cur[d] == to) return true;
+  if (cur[d].is_partial() && to.is_partial()) {
+    if (!append_step(r, cur, d, parallel::B())) return false;
+    return append_step(r, cur, d, to);
+  }
+  if (!step_sound(cur, d, to) || r.count == route::max_steps) return false;
+  r.nominal_cost += nominal_step_cost(cur, d, to);
+  r.before[r.count] = cur;
+  r.steps[r.count++] = {d, cur[d], to};
+  cur[d] = to;
+  return true;
+}
+
+}  // namespace detail
+
+/// The route from `from` to `to` (same mesh rank): the cheapest sound order of the axes that differ
+/// by the nominal score (wire bytes on a 2-per-axis mesh), else through B.
+constexpr route plan(const nd_parallel& from, const nd_parallel& to) noexcept {
+  std::array<std::size_t, max_mesh_rank> order{};
+  std::size_t n = 0;
+  for (std::size_t d = 0; d < from.rank; ++d)
+    if (!(from[d] == to[d])) order[n++] = d;
+  route best{};
+  bool found = n == 0;
+  if (n > 0) {
+    do {  // every permutation of the differing axes (sorted to start)
+      route r{};
+      nd_parallel cur = from;
+      bool ok = true;
+      for (std::size_t k = 0; k < n && ok; ++k) ok = detail::append_step(r, cur, order[k], to[order[k]]);
+      if (ok && (!found || r.nominal_cost < best.nominal_cost)) {
+        best = r;
+        found = true;
+      }
+    } while (std::next_permutation(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n)));
+  }
+  // through B: inner axes to B first, then outer axes to their targets
+  route via{};
+  via.through_broadcast = true;
+  nd_parallel cur = from;
+  bool ok = true;
+  for (std::size_t d = from.rank; d-- > 0 && ok;) ok = detail::append_step(via, cur, d, parallel::B());
+  for (std::size_t d = 0; d < from.rank && ok; ++d) ok = detail::append_step(via, cur, d, to[d]);
+  if (ok && (!found || via.nominal_cost < best.nominal_cost)) return via;
+  return best;
+}
+
+namespace detail {
+
+template <parallel V>
+using type_of = std::conditional_t<V.what == kind::split, split<V.axis>,
+                                   std::conditional_t<V.what == kind::broadcast, broadcast, partial<V.op>>>;
+
+template <nd_parallel V, std::size_t D>
+struct axis_type_of {
+  static constexpr parallel value = V.axes[D];
+  using type = type_of<value>;
+};
+template <nd_parallel V, class Seq>
+struct nd_type_of_impl;
+template <nd_parallel V, std::size_t... D>
+struct nd_type_of_impl<V, std::index_sequence<D...>> {
+  using type = sbp<typename axis_type_of<V, D>::type...>;
+};
+template <nd_parallel V, bool OneAxis>
+struct sbp_type_of_impl {
+  using type = typename nd_type_of_impl<V, std::make_index_sequence<V.rank>>::type;
+};
+template <nd_parallel V>
+struct sbp_type_of_impl<V, true> {
+  using type = typename axis_type_of<V, 0>::type;
+};
+
+/// The static SBP type of a value: a one-axis type when `OneAxis`, else sbp<...>.
+template <nd_parallel V, bool OneAxis>
+using sbp_type_of = typename sbp_type_of_impl<V, OneAxis>::type;
+
+/// Runs mesh axis d of one route step on my shard (`local`, the shard under `before`).
+template <element T, std::size_t MeshRank, one_axis_sbp From, one_axis_sbp To>
+void run_axis(const placement<MeshRank>& where, const shape_t& shape, const nd_parallel& before, std::size_t d,
+              std::vector<T>& local) {
+  axis_view<T> v{where.axis(d), shard_box(shape, before, where.shape(), where.coords(), d).extent, std::move(local)};
+  box_axis(v, From{}, To{});
+  local = std::move(v.local);
+}
+
+}  // namespace detail
+
+/// The static route of a boxing From -> To (a compile-time value).
+template <sbp_type From, sbp_type To>
+inline constexpr route route_of = plan(nd_of<From>::value, nd_of<To>::value);
+
+/// Same layout: boxing is free.
+template <sbp_type A, sbp_type B>
+inline constexpr bool same_layout = nd_of<A>::mesh_rank == nd_of<B>::mesh_rank && nd_of<A>::value == nd_of<B>::value;
+
+namespace detail {
+template <sbp_type From, sbp_type To>
+constexpr void check_mesh_rank() {
+  static_assert(nd_of<From>::mesh_rank == nd_of<To>::mesh_rank,
+                "flexpar::sbp::to<Sbp>: the target SBP has another number of entries than the tensor's placement "
+                "mesh has axes; an nd-SBP needs one entry per mesh axis (use placement changes to move between "
+                "meshes)");
+}
+}  // namespace detail
+
+/// Boxing, consuming `t`: its buffer is reused where the transform allows (P -> B allreduces in
+/// place). Collective over t's mesh (every mesh rank calls it; ranks outside pass their empty tensor).
+/// Returns a global_tensor<T, To, M>.
+template <sbp_type To, element T, sbp_type From, class M>
+  requires(!same_layout<From, To>)
+auto to(global_tensor<T, From, M>&& t) {
+  if constexpr (nd_of<From>::mesh_rank != nd_of<To>::mesh_rank) {
+    detail::check_mesh_rank<From, To>();
+  } else {
+    constexpr route r = route_of<From, To>;
+    const auto where = t.where();
+    const shape_t shape = t.shape();
+    std::vector<T> local = std::move(t).release();
+    if (where.contains_me()) {
+      [&]<std::size_t... K>(std::index_sequence<K...>) {
+        (detail::run_axis<T, nd_of<From>::mesh_rank, detail::type_of<r.steps[K].from>, detail::type_of<r.steps[K].to>>(
+             where, shape, r.before[K], r.steps[K].axis, local),
+         ...);
+      }(std::make_index_sequence<r.count>{});
+    }
+    return global_tensor<T, To, M>::adopt(where, shape, std::move(local));
+  }
+}
+
+/// Boxing of a tensor that stays usable: boxes a copy.
+template <sbp_type To, element T, sbp_type From, class M>
+  requires(!same_layout<From, To>)
+auto to(const global_tensor<T, From, M>& t) {
+  return to<To>(t.clone());
+}
+
+/// X -> X: the tensor itself (no allocation, no copy). Bind the result with auto&&.
+template <sbp_type To, element T, sbp_type From, class M>
+  requires(same_layout<From, To>)
+const global_tensor<T, From, M>& to(const global_tensor<T, From, M>& t) noexcept {
+  detail::check_mesh_rank<From, To>();
+  return t;
+}
+
+/// X -> X on an rvalue: the tensor itself, moved through.
+template <sbp_type To, element T, sbp_type From, class M>
+  requires(same_layout<From, To>)
+global_tensor<T, From, M>&& to(global_tensor<T, From, M>&& t) noexcept {
+  detail::check_mesh_rank<From, To>();
+  return std::move(t);
+}
+
+// ---- placement change --------------------------------------------------------------------------
+
+namespace detail {
+/// `s` with every partial entry replaced by B.
+constexpr nd_parallel without_partial(nd_parallel s) noexcept {
+  for (std::size_t d = 0; d < s.rank; ++d)
+    if (s[d].is_partial()) s[d] = parallel::B();
+  return s;
+}
+
+/// The intersection of two boxes (empty extent where they do not meet).
+inline box intersect(const box& a, const box& b) {
+  box r{shape_t(a.offset.size(), 0), shape_t(a.offset.size(), 0)};
+  for (std::size_t i = 0; i < a.offset.size(); ++i) {
+    const std::size_t lo = std::max(a.offset[i], b.offset[i]);
+    const std::size_t hi = std::min(a.offset[i] + a.extent[i], b.offset[i] + b.extent[i]);
+    r.offset[i] = lo;
+    r.extent[i] = hi > lo ? hi - lo : 0;
+  }
+  return r;
+}
+
+inline shape_t relative(const shape_t& at, const shape_t& origin) {
+  shape_t r(at.size());
+  for (std::size_t i = 0; i < at.size(); ++i) r[i] = at[i] - origin[i];
+  return r;
+}
+}  // namespace detail
+
+/// Placement change: the tensor moves from its mesh to `dest` (another set of ranks of the same parent
+/// communicator, another mesh shape or rank: n -> m ranks, 1 -> n, n -> 1) and takes the SBP To there.
+/// Collective over the parent communicator (every parent rank calls it, also ranks in neither mesh).
+/// Script: partial entries -> B on the source mesh (allreduce); one alltoall_v over the parent in
+/// which each source shard that is not a broadcast copy sends each destination rank the intersection
+/// of their boxes; then B -> P on the destination where To is partial (local).
+template <sbp_type To, element T, sbp_type From, class M, std::size_t N2>
+auto to(const global_tensor<T, From, M>& t, const placement<N2>& dest) {
+  static_assert(nd_of<To>::mesh_rank == N2,
+                "flexpar::sbp::to<Sbp>(t, placement): the target SBP needs one entry per axis of the destination "
+                "placement's mesh");
+  constexpr std::size_t N1 = nd_of<From>::mesh_rank;
+  constexpr nd_parallel src_sbp = detail::without_partial(nd_of<From>::value);
+  constexpr nd_parallel dst_sbp = detail::without_partial(nd_of<To>::value);
+  using Src = detail::sbp_type_of<src_sbp, false>;
+  using Dst = detail::sbp_type_of<dst_sbp, false>;
+  communicator& parent = t.where().parent();
+  if (&parent != &dest.parent())
+    throw usage_error(detail::on_rank(parent.rank(), "sbp::to(placement)") + "the source mesh " +
+                      t.where().describe() + " and the destination mesh " + dest.describe() +
+                      " are built over different communicators");
+  auto&& src = to<Src>(t);
+  const shape_t& shape = t.shape();
+  const placement<N1>& from = t.where();
+  const auto P = static_cast<std::size_t>(parent.size());
+
+  // who sends what: the box of each parent rank in each mesh (source: only shards that are not copies)
+  std::vector<std::optional<box>> src_box(P), dst_box(P);
+  for (int i = 0; i < from.size(); ++i) {
+    const auto c = from.coords_of(i);
+    bool owner = true;
+    for (std::size_t d = 0; d < N1; ++d)
+      if (src_sbp[d].is_broadcast() && c[d] != 0) owner = false;
+    if (owner) src_box[static_cast<std::size_t>(from.parent_rank(i))] = shard_box(shape, src_sbp, from.shape(), c);
+  }
+  for (int j = 0; j < dest.size(); ++j)
+    dst_box[static_cast<std::size_t>(dest.parent_rank(j))] = shard_box(shape, dst_sbp, dest.shape(), dest.coords_of(j));
+
+  const auto me = static_cast<std::size_t>(parent.rank());
+  std::vector<std::size_t> sends(P, 0), receives(P, 0);
+  std::vector<T> packed;
+  if (src_box[me]) {
+    const std::span<const T> mine = src.to_local();
+    for (std::size_t q = 0; q < P; ++q) {
+      if (!dst_box[q]) continue;
+      const box piece = detail::intersect(*src_box[me], *dst_box[q]);
+      sends[q] = piece.elements();
+      const std::size_t at = packed.size();
+      packed.resize(at + sends[q]);
+      copy_box<T>(mine, src_box[me]->extent, detail::relative(piece.offset, src_box[me]->offset),
+                  std::span<T>(packed).subspan(at), piece.extent, shape_t(shape.size(), 0), piece.extent);
+    }
+  }
+  std::vector<T> incoming;
+  if (dst_box[me])
+    for (std::size_t q = 0; q < P; ++q)
+      if (src_box[q]) receives[q] = detail::intersect(*src_box[q], *dst_box[me]).elements();
+  incoming.resize(std::accumulate(receives.begin(), receives.end(), std::size_t{0}));
+  alltoall_v(parent, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(incoming),
+             std::span<const std::size_t>(receives));
+
+  std::vector<T> local;
+  if (dst_box[me]) {
+    local.resize(dst_box[me]->elements());
+    std::size_t at = 0;
+    for (std::size_t q = 0; q < P; ++q) {
+      if (!src_box[q]) continue;
+      const box piece = detail::intersect(*src_box[q], *dst_box[me]);
+      copy_box<T>(std::span<const T>(incoming).subspan(at), piece.extent, shape_t(shape.size(), 0), local,
+                  dst_box[me]->extent, detail::relative(piece.offset, dst_box[me]->offset), piece.extent);
+      at += piece.elements();
+    }
+  }
+  auto landed = global_tensor<T, Dst, M>::adopt(dest, shape, std::move(local));
+  auto boxed = to<nd_of<To>>(std::move(landed));  // B -> P where To is partial (local)
+  return global_tensor<T, To, M>::adopt(dest, shape, std::move(boxed).release());
+}
+
+// ---- cost --------------------------------------------------------------------------------------
+
+/// The cost of one mesh-axis step on a group of p ranks holding `bytes` jointly (ring collectives).
+inline cost axis_step_cost(const parallel& from, const parallel& to, int p, double bytes) noexcept {
+  if (from == to) return {};
+  if (from.is_partial() && to.is_broadcast()) return allreduce_ring_cost(p, bytes);
+  if (from.is_partial() && to.is_split()) return reduce_scatter_ring_cost(p, bytes);
+  if (from.is_split() && to.is_broadcast()) return allgather_ring_cost(p, bytes);
+  if (from.is_split() && to.is_split()) return alltoall_pairwise_cost(p, bytes / p);
+  cost local;  // slices, zero fills, pads: memory only
+  local.copy_bytes = to.is_split() ? bytes / p : bytes;
+  return local;
+}
+
+/// The cost of the route `r` for a logical `shape` of `element_bytes`-byte elements on a mesh.
+inline cost route_cost(const route& r, const shape_t& shape, std::span<const int> mesh_shape,
+                       std::size_t element_bytes) {
+  cost total;
+  const std::vector<int> origin(mesh_shape.size(), 0);
+  for (std::size_t k = 0; k < r.count; ++k) {
+    const route_step& s = r.steps[k];
+    const box held = shard_box(shape, r.before[k], mesh_shape, origin, s.axis);
+    total = total + axis_step_cost(s.from, s.to, mesh_shape[s.axis],
+                                   static_cast<double>(held.elements() * element_bytes));
+  }
+  return total;
+}
+
+/// The cost of boxing a tensor of `shape` (elements of `element_bytes`) from From to To on
+/// `where`, from the collectives' cost functions (what the strategy search adds up).
+template <sbp_type From, sbp_type To, std::size_t MeshRank>
+cost boxing_cost(const shape_t& shape, const placement<MeshRank>& where, std::size_t element_bytes = 4) {
+  detail::check_mesh_rank<From, To>();
+  return route_cost(route_of<From, To>, shape, where.shape(), element_bytes);
+}
+
+}  // namespace flexpar::sbp

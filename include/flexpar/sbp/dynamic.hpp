@@ -1,0 +1,228 @@
+// flexpar/sbp/dynamic.hpp — the run-time SBP form: the same boxing overloads and signature tables,
+// with the SBP a value chosen while the program runs (by the strategy search, or a config file).
+//
+//   dynamic_tensor<float, 1> x = dynamic_tensor<float, 1>::from_full(mesh, {m, k}, nd_parallel{...}, data);
+//   auto y = to(std::move(x), target);               // plan() at run time, each step visits the overloads
+//   auto z = matmul(a, b);                           // picks the signature with the cheapest boxing
+//
+// A run-time SBP is visited into the static tag types (split<0..3>, broadcast, partial<sum|max|min>),
+// so each step still runs one box_axis overload; split axes above 3 are a usage_error in this form.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <flexpar/collective/cost.hpp>
+#include <flexpar/sbp/boxing.hpp>
+#include <flexpar/sbp/global_tensor.hpp>
+#include <flexpar/sbp/local_math.hpp>
+#include <flexpar/sbp/ops.hpp>
+
+namespace flexpar::sbp {
+
+/// Calls f with the static tag of `p` (split<0..3>, broadcast, partial<sum|max|min>).
+/// @throws usage_error for a split axis above 3 or a partial op other than sum, max and min.
+template <class F>
+decltype(auto) visit(const parallel& p, F&& f) {
+  switch (p.what) {
+    case kind::split:
+      switch (p.axis) {
+        case 0: return f(split<0>{});
+        case 1: return f(split<1>{});
+        case 2: return f(split<2>{});
+        case 3: return f(split<3>{});
+        default: break;
+      }
+      throw usage_error(std::string("sbp::visit: the run-time SBP form splits tensor axes 0 to 3; ")
+                            .append(to_string(p))
+                            .append(" needs the static form"));
+    case kind::broadcast: return f(broadcast{});
+    case kind::partial:
+      switch (p.op) {
+        case reduce_op::sum: return f(partial<reduce_op::sum>{});
+        case reduce_op::max: return f(partial<reduce_op::max>{});
+        case reduce_op::min: return f(partial<reduce_op::min>{});
+        default: break;
+      }
+      break;
+  }
+  throw usage_error(
+      std::string("sbp::visit: ").append(to_string(p)).append(" is not an SBP flexpar boxes (partial ops: sum, max, min)"));
+}
+
+/// A global tensor whose nd-SBP is a run-time value (header above). Move-only.
+template <element T, std::size_t MeshRank>
+class dynamic_tensor {
+ public:
+  using value_type = T;  ///< element type
+
+  /// Every mesh rank passes the full logical tensor and keeps its shard (as global_tensor::from_full).
+  static dynamic_tensor from_full(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
+                                  std::span<const T> full) {
+    dynamic_tensor t(where, std::move(shape), s);
+    if (full.size() != elements_of(t.shape_))
+      throw usage_error(detail::on_rank(where.parent().rank(), "dynamic_tensor::from_full") + "shape " +
+                        to_string(t.shape_) + " has " + std::to_string(elements_of(t.shape_)) + " elements but " +
+                        std::to_string(full.size()) + " were given");
+    if (!where.contains_me()) return t;
+    const box mine = t.my_box();
+    t.local_.resize(mine.elements());
+    copy_box<T>(full, t.shape_, mine.offset, t.local_, mine.extent, shape_t(mine.extent.size(), 0), mine.extent);
+    detail::zero_partial_copies<T>(t.local_, s, where.coords());
+    return t;
+  }
+  /// Adopts `local` as my shard (its size is checked).
+  static dynamic_tensor from_local(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
+                                   std::vector<T> local) {
+    dynamic_tensor t(where, std::move(shape), s);
+    const std::size_t want = where.contains_me() ? t.my_box().elements() : 0;
+    if (local.size() != want)
+      throw usage_error(detail::on_rank(where.parent().rank(), "dynamic_tensor::from_local") + "tensor " +
+                        to_string(t.shape_) + " " + to_string(s) + " has a shard of " + std::to_string(want) +
+                        " elements on this rank, but " + std::to_string(local.size()) + " were given");
+    t.local_ = std::move(local);
+    return t;
+  }
+  /// The run-time form of a static tensor (no copy).
+  template <sbp_type S, class M>
+  static dynamic_tensor from(global_tensor<T, S, M>&& t) {
+    const auto where = t.where();
+    shape_t shape = t.shape();
+    return from_local(where, std::move(shape), nd_of<S>::value, std::move(t).release());
+  }
+  /// Back to a static type. @throws usage_error when the run-time SBP is not S.
+  template <sbp_type S>
+  global_tensor<T, S> as() && {
+    if (!(nd_of<S>::value == sbp_))
+      throw usage_error(detail::on_rank(where_.parent().rank(), "dynamic_tensor::as") + "the tensor is " +
+                        to_string(sbp_) + ", not " + to_string<S>());
+    return global_tensor<T, S>::from_local(where_, shape_, std::move(local_));
+  }
+
+  /// The nd-SBP now.
+  [[nodiscard]] const nd_parallel& layout() const noexcept { return sbp_; }
+  /// The logical shape.
+  [[nodiscard]] const shape_t& shape() const noexcept { return shape_; }
+  /// The placement.
+  [[nodiscard]] const placement<MeshRank>& where() const noexcept { return where_; }
+  /// My shard.
+  [[nodiscard]] std::span<const T> to_local() const noexcept { return local_; }
+  /// The box my shard covers.
+  [[nodiscard]] box my_box() const { return shard_box(shape_, sbp_, where_.shape(), where_.coords()); }
+  /// Collective over the mesh: the full logical tensor on every mesh rank.
+  [[nodiscard]] std::vector<T> to_full() const { return detail::gather_full<T>(where_, shape_, sbp_, local_); }
+  /// An explicit deep copy.
+  [[nodiscard]] dynamic_tensor clone() const {
+    dynamic_tensor t(where_, shape_, sbp_);
+    t.local_ = local_;
+    return t;
+  }
+
+  /// Boxing to a run-time target: plan() now, then one box_axis overload per step.
+  friend dynamic_tensor to(dynamic_tensor&& t, const nd_parallel& target) {
+    if (target.rank != MeshRank)
+      throw usage_error(detail::on_rank(t.where_.parent().rank(), "sbp::to") + "target " + to_string(target) + " has " +
+                        std::to_string(target.rank) + " entries; the placement mesh has " + std::to_string(MeshRank) +
+                        " axes");
+    if (!detail::partial_ops_agree(target))
+      throw usage_error(detail::on_rank(t.where_.parent().rank(), "sbp::to") + "target " + to_string(target) +
+                        " mixes partial ops");
+    const route r = plan(t.sbp_, target);
+    if (t.where_.contains_me()) {
+      for (std::size_t k = 0; k < r.count; ++k) {
+        const route_step& s = r.steps[k];
+        visit(s.from, [&](auto from) {
+          visit(s.to, [&](auto to_tag) {
+            detail::run_axis<T, MeshRank, decltype(from), decltype(to_tag)>(t.where_, t.shape_, r.before[k], s.axis,
+                                                                            t.local_);
+          });
+        });
+      }
+    }
+    t.sbp_ = target;
+    return std::move(t);
+  }
+
+ private:
+  dynamic_tensor(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s)
+      : where_(where), shape_(std::move(shape)), sbp_(s) {
+    if (s.rank != MeshRank)
+      throw usage_error(detail::on_rank(where.parent().rank(), "dynamic_tensor") + "SBP " + to_string(s) + " has " +
+                        std::to_string(s.rank) + " entries; the placement mesh has " + std::to_string(MeshRank) +
+                        " axes");
+    for (std::size_t d = 0; d < s.rank; ++d)
+      if (s[d].is_split() && static_cast<std::size_t>(s[d].axis) >= shape_.size())
+        throw usage_error(detail::on_rank(where.parent().rank(), "dynamic_tensor") + "SBP " + to_string(s) +
+                          " splits tensor axis " + std::to_string(s[d].axis) + " but the shape " + to_string(shape_) +
+                          " has " + std::to_string(shape_.size()) + " axes");
+  }
+  placement<MeshRank> where_;
+  shape_t shape_;
+  nd_parallel sbp_;
+  std::vector<T> local_;
+};
+
+/// A chosen signature of a binary op: what each operand is boxed to, the output, and the cost.
+struct chosen_signature {
+  nd_parallel left;   ///< the left operand's SBP for the op
+  nd_parallel right;  ///< the right operand's SBP for the op
+  nd_parallel out;    ///< the output's SBP
+  cost boxing;        ///< the cost of boxing both operands there
+  double seconds = 0; ///< boxing.seconds(machine)
+};
+
+/// The matmul signature (per mesh axis, from the table of ops.hpp) whose boxing of the operands costs
+/// least on `machine`: the hook the strategy search uses. Ties go to the first in table order.
+inline chosen_signature cheapest_matmul_signature(const nd_parallel& a, const shape_t& a_shape, const nd_parallel& b,
+                                                  const shape_t& b_shape, std::span<const int> mesh_shape,
+                                                  std::size_t element_bytes, const cost_params& machine = {}) {
+  constexpr std::pair<parallel, parallel> table[] = {
+      {parallel::S(0), parallel::B()}, {parallel::B(), parallel::S(1)}, {parallel::S(1), parallel::S(0)},
+      {parallel::P(), parallel::B()},  {parallel::B(), parallel::P()},  {parallel::B(), parallel::B()}};
+  constexpr std::size_t rows = std::size(table);
+  std::size_t combos = 1;
+  for (std::size_t d = 0; d < a.rank; ++d) combos *= rows;
+  chosen_signature best{};
+  bool found = false;
+  for (std::size_t c = 0; c < combos; ++c) {
+    nd_parallel l = a, r = b;
+    std::size_t code = c;
+    for (std::size_t d = 0; d < a.rank; ++d, code /= rows) {
+      l[d] = table[code % rows].first;
+      r[d] = table[code % rows].second;
+    }
+    if (!detail::partial_ops_agree(l) || !detail::partial_ops_agree(r)) continue;
+    const cost k = route_cost(plan(a, l), a_shape, mesh_shape, element_bytes) +
+                   route_cost(plan(b, r), b_shape, mesh_shape, element_bytes);
+    const double s = k.seconds(machine);
+    if (!found || s < best.seconds) {
+      best = {l, r, nd_signature(detail::matmul_rule{}, l, r).out, k, s};
+      found = true;
+    }
+  }
+  return best;
+}
+
+/// matmul on run-time SBPs: boxes the operands to the cheapest signature, then one local GEMM.
+template <element T, std::size_t N>
+dynamic_tensor<T, N> matmul(const dynamic_tensor<T, N>& a, const dynamic_tensor<T, N>& b,
+                            const cost_params& machine = {}) {
+  if (!(a.where() == b.where()))
+    throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "the operands live on different placements");
+  if (a.shape().size() != 2 || b.shape().size() != 2 || a.shape()[1] != b.shape()[0])
+    throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "shapes " + to_string(a.shape()) + " x " +
+                      to_string(b.shape()) + " do not multiply ([m, k] x [k, n])");
+  const chosen_signature sig =
+      cheapest_matmul_signature(a.layout(), a.shape(), b.layout(), b.shape(), a.where().shape(), sizeof(T), machine);
+  const dynamic_tensor<T, N> x = to(a.clone(), sig.left), y = to(b.clone(), sig.right);
+  const shape_t out_shape{a.shape()[0], b.shape()[1]};
+  if (!a.where().contains_me()) return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, {});
+  const box bx = x.my_box(), by = y.my_box();
+  std::vector<T> c(bx.extent[0] * by.extent[1]);
+  local::gemm(bx.extent[0], by.extent[1], bx.extent[1], x.to_local().data(), y.to_local().data(), c.data());
+  return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, std::move(c));
+}
+
+}  // namespace flexpar::sbp

@@ -1,0 +1,264 @@
+// flexpar/sbp/global_tensor.hpp — a logical tensor laid out over a placement by a static SBP.
+//
+//   placement<1> ranks(comm, {comm.size()});
+//   auto w = global_tensor<float, split<1>>::from_full(ranks, {784, 256}, full_w);  // my columns
+//   std::span<float> mine = w.to_local();                                          // row-major shard
+//   auto b = to<broadcast>(w);                                                     // allgather
+//
+// The local shard is row-major with the shape local_shape(): the logical shape with every split
+// axis cut by the balanced rule (layout.hpp), nested in mesh-axis order. Under partial<Op> a rank
+// holds a full-shape tensor and the logical tensor is the Op-reduction over that mesh axis.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <flexpar/collective.hpp>
+#include <flexpar/core/dtype.hpp>
+#include <flexpar/sbp/layout.hpp>
+#include <flexpar/sbp/parallel.hpp>
+#include <flexpar/sbp/placement.hpp>
+
+namespace flexpar::sbp {
+
+/// Host memory (the only memory of this build; device memory comes with the GPU path).
+struct host {};
+
+namespace detail {
+/// True when every partial entry of `s` uses the same op (boxing cannot commute sum and max).
+constexpr bool partial_ops_agree(const nd_parallel& s) noexcept {
+  bool seen = false;
+  reduce_op op = reduce_op::sum;
+  for (std::size_t d = 0; d < s.rank; ++d) {
+    if (!s[d].is_partial()) continue;
+    if (seen && s[d].op != op) return false;
+    seen = true;
+    op = s[d].op;
+  }
+  return true;
+}
+
+/// The value a rank contributes where it holds no part of a partial tensor: the op's identity.
+template <class T>
+T partial_identity(reduce_op op) {
+  if constexpr (std::is_arithmetic_v<T>) {
+    return identity_of<T>(op);
+  } else {
+    return T(identity_of<float>(op));
+  }
+}
+
+/// A full tensor becoming a shard of a partial<sum> tensor: only coordinate 0 of each partial axis
+/// keeps the values (the others' zeros add nothing); max and min are idempotent, every rank keeps them.
+template <class T>
+void zero_partial_copies(std::span<T> local, const nd_parallel& s, std::span<const int> coords) {
+  for (std::size_t d = 0; d < s.rank; ++d)
+    if (s[d].is_partial() && s[d].op == reduce_op::sum && coords[d] != 0) {
+      std::fill(local.begin(), local.end(), T{});
+      return;
+    }
+}
+
+/// The op of the partial entries of `s` (sum when there are none).
+constexpr reduce_op partial_op_of(const nd_parallel& s) noexcept {
+  for (std::size_t d = 0; d < s.rank; ++d)
+    if (s[d].is_partial()) return s[d].op;
+  return reduce_op::sum;
+}
+
+/// Collective over the mesh: the full logical tensor of shards `local` laid out by `s`, on every mesh
+/// rank (empty outside it). Independent of boxing (the oracle of the boxing tests): every shard is
+/// gathered with its box, and the ranks that hold a broadcast copy at coordinate 0 contribute,
+/// reduced by the partial op where there is one.
+template <element T, std::size_t N>
+std::vector<T> gather_full(const placement<N>& where, const shape_t& shape, const nd_parallel& s,
+                           std::span<const T> local) {
+  if (!where.contains_me()) return {};
+  communicator& g = where.group();
+  const auto p = static_cast<std::size_t>(g.size());
+  std::vector<std::size_t> counts(p), displs(p, 0);
+  std::vector<box> boxes(p);
+  for (std::size_t q = 0; q < p; ++q) {
+    boxes[q] = shard_box(shape, s, where.shape(), where.coords_of(static_cast<int>(q)));
+    counts[q] = boxes[q].elements();
+  }
+  std::exclusive_scan(counts.begin(), counts.end(), displs.begin(), std::size_t{0});
+  std::vector<T> all(displs.back() + counts.back());
+  allgather_v(g, local, std::span<T>(all), std::span<const std::size_t>(counts));
+
+  const reduce_op op = partial_op_of(s);
+  std::vector<T> full(elements_of(shape), s.any_partial() ? partial_identity<T>(op) : T{});
+  std::vector<T> piece;
+  for (std::size_t q = 0; q < p; ++q) {
+    const auto c = where.coords_of(static_cast<int>(q));
+    bool contributes = true;
+    for (std::size_t d = 0; d < s.rank; ++d)
+      if (s[d].is_broadcast() && c[d] != 0) contributes = false;
+    if (!contributes) continue;
+    const box& b = boxes[q];
+    const std::span<const T> shard = std::span<const T>(all).subspan(displs[q], counts[q]);
+    if (!s.any_partial()) {
+      copy_box<T>(shard, b.extent, shape_t(b.extent.size(), 0), full, shape, b.offset, b.extent);
+      continue;
+    }
+    piece.assign(full.size(), partial_identity<T>(op));
+    copy_box<T>(shard, b.extent, shape_t(b.extent.size(), 0), piece, shape, b.offset, b.extent);
+    reduce_into(std::span<T>(full), std::span<const T>(piece), op);
+  }
+  return full;
+}
+
+}  // namespace detail
+
+/// A logical tensor of T over a placement with the static SBP `Sbp` (a one-axis SBP for a 1-D mesh,
+/// or sbp<...> with one entry per mesh axis). Move-only (copies of tensors are explicit: clone()).
+template <element T, sbp_type Sbp, class Memory = host>
+class global_tensor {
+  static_assert(std::is_same_v<Memory, host>,
+                "flexpar::sbp::global_tensor: only host memory exists in this build (Memory = host)");
+  static_assert(detail::partial_ops_agree(nd_of<Sbp>::value),
+                "flexpar::sbp::global_tensor: an nd-SBP may hold partial values of one op only (P(sum) and P(max) "
+                "on two mesh axes do not commute)");
+
+ public:
+  using value_type = T;                      ///< element type
+  using sbp_type = Sbp;                      ///< the SBP as written
+  using nd_sbp = nd_of<Sbp>;                 ///< the SBP as sbp<...>
+  static constexpr std::size_t mesh_rank = nd_sbp::mesh_rank;  ///< mesh axes
+  using placement_type = placement<mesh_rank>;                 ///< the placement it lives on
+
+  global_tensor(global_tensor&&) noexcept = default;             ///< moves the shard
+  global_tensor& operator=(global_tensor&&) noexcept = default;  ///< moves the shard
+  global_tensor(const global_tensor&) = delete;                  ///< copies are explicit: clone()
+  global_tensor& operator=(const global_tensor&) = delete;       ///< copies are explicit: clone()
+  ~global_tensor() = default;
+
+  /// Every mesh rank passes the same full logical tensor and keeps its shard; no communication.
+  /// Under partial<sum> the mesh coordinate 0 keeps the values and the others hold zeros; under
+  /// partial<max/min> every rank keeps them (max(x, x) = x).
+  static global_tensor from_full(const placement_type& where, shape_t shape, std::span<const T> full) {
+    check_full(where, shape, full.size(), "from_full");
+    global_tensor t(where, std::move(shape));
+    if (!where.contains_me()) return t;
+    const box mine = t.my_box();
+    t.local_.resize(mine.elements());
+    copy_box<T>(full, t.shape_, mine.offset, t.local_, mine.extent, shape_t(mine.extent.size(), 0), mine.extent);
+    t.zero_partial_copies();
+    return t;
+  }
+
+  /// Collective over the mesh: mesh index `root` passes the full tensor (others pass an empty span)
+  /// and every rank receives its shard (one alltoall_v: root sends each shard once).
+  static global_tensor scatter(const placement_type& where, shape_t shape, std::span<const T> full, int root = 0) {
+    global_tensor t(where, std::move(shape));
+    if (!where.contains_me()) return t;
+    communicator& g = where.group();
+    if (g.rank() == root) check_full(where, t.shape_, full.size(), "scatter");
+    const auto p = static_cast<std::size_t>(g.size());
+    std::vector<std::size_t> sends(p, 0), receives(p, 0);
+    std::vector<T> packed;
+    if (g.rank() == root) {
+      for (int q = 0; q < g.size(); ++q) {
+        const box b = shard_box(t.shape_, nd_sbp::value, where.shape(), where.coords_of(q));
+        sends[static_cast<std::size_t>(q)] = b.elements();
+        const std::size_t at = packed.size();
+        packed.resize(at + b.elements());
+        copy_box<T>(full, t.shape_, b.offset, std::span<T>(packed).subspan(at), b.extent, shape_t(b.extent.size(), 0),
+                    b.extent);
+      }
+    }
+    t.local_.resize(t.my_box().elements());
+    receives[static_cast<std::size_t>(root)] = t.local_.size();
+    alltoall_v(g, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(t.local_),
+               std::span<const std::size_t>(receives));
+    t.zero_partial_copies();
+    return t;
+  }
+
+  /// Adopts `local` as this rank's shard (local.size() must be the shard size of `shape`).
+  static global_tensor from_local(const placement_type& where, shape_t shape, std::vector<T> local) {
+    global_tensor t(where, std::move(shape));
+    if (!where.contains_me()) {
+      if (!local.empty())
+        throw usage_error(detail::on_rank(where.parent().rank(), "global_tensor::from_local") +
+                          "this rank is outside the mesh " + where.describe() + " but passed " +
+                          std::to_string(local.size()) + " elements");
+      return t;
+    }
+    const std::size_t want = t.my_box().elements();
+    if (local.size() != want)
+      throw usage_error(detail::on_rank(where.parent().rank(), "global_tensor::from_local") + "tensor " +
+                        to_string(t.shape_) + " " + to_string<Sbp>() + " has a shard of " + std::to_string(want) +
+                        " elements " + to_string(t.local_shape()) + " on this rank, but " +
+                        std::to_string(local.size()) + " were given");
+    t.local_ = std::move(local);
+    return t;
+  }
+
+  /// The logical shape.
+  [[nodiscard]] const shape_t& shape() const noexcept { return shape_; }
+  /// The shape of my shard (all zeros outside the mesh).
+  [[nodiscard]] shape_t local_shape() const {
+    return placement_.contains_me() ? my_box().extent : shape_t(shape_.size(), 0);
+  }
+  /// My shard, row-major.
+  [[nodiscard]] std::span<T> to_local() noexcept { return local_; }
+  /// My shard, row-major.
+  [[nodiscard]] std::span<const T> to_local() const noexcept { return local_; }
+  /// The placement.
+  [[nodiscard]] const placement_type& where() const noexcept { return placement_; }
+  /// The box of the logical tensor my shard covers (partial shards cover the whole tensor).
+  [[nodiscard]] box my_box() const {
+    return shard_box(shape_, nd_sbp::value, placement_.shape(), placement_.coords());
+  }
+  /// An explicit deep copy.
+  [[nodiscard]] global_tensor clone() const {
+    global_tensor t(placement_, shape_);
+    t.local_ = local_;
+    return t;
+  }
+  /// Takes the storage out (the tensor is left empty); used by boxing to reuse buffers.
+  [[nodiscard]] std::vector<T> release() && noexcept { return std::move(local_); }
+
+  /// Collective over the mesh: the full logical tensor on every mesh rank (empty outside it);
+  /// independent of boxing (detail::gather_full), the oracle of the boxing tests.
+  [[nodiscard]] std::vector<T> to_full() const { return detail::gather_full<T>(placement_, shape_, nd_sbp::value, local_); }
+
+  /// The op of the partial entries (sum when there are none).
+  static constexpr reduce_op partial_op() noexcept { return detail::partial_op_of(nd_sbp::value); }
+
+  /// For boxing: a tensor of this type from a shard it has computed (no checks beyond the size).
+  static global_tensor adopt(const placement_type& where, shape_t shape, std::vector<T> local) {
+    return from_local(where, std::move(shape), std::move(local));
+  }
+
+ private:
+  global_tensor(const placement_type& where, shape_t shape) : placement_(where), shape_(std::move(shape)) {
+    for (std::size_t d = 0; d < mesh_rank; ++d) {
+      const parallel& e = nd_sbp::value[d];
+      if (e.is_split() && static_cast<std::size_t>(e.axis) >= shape_.size())
+        throw usage_error(detail::on_rank(where.parent().rank(), "global_tensor") + "SBP " + to_string<Sbp>() +
+                          " splits tensor axis " + std::to_string(e.axis) + " but the shape " + to_string(shape_) +
+                          " has " + std::to_string(shape_.size()) + " axes");
+    }
+  }
+  static void check_full(const placement_type& where, const shape_t& shape, std::size_t given, const char* what) {
+    if (given != elements_of(shape))
+      throw usage_error(detail::on_rank(where.parent().rank(), std::string("global_tensor::") + what) + "shape " +
+                        to_string(shape) + " has " + std::to_string(elements_of(shape)) + " elements but " +
+                        std::to_string(given) + " were given");
+  }
+  void zero_partial_copies() { detail::zero_partial_copies<T>(local_, nd_sbp::value, placement_.coords()); }
+
+  placement_type placement_;
+  shape_t shape_;
+  std::vector<T> local_;
+};
+
+}  // namespace flexpar::sbp

@@ -1,0 +1,489 @@
+// flexpar/sbp/ops.hpp — ops on global tensors whose output SBP is deduced from the inputs' SBPs.
+//
+// Each op has a signature table per mesh axis (below); an nd-SBP input works when every mesh axis has
+// a signature, and the output takes each axis's result. For static SBPs the output type is computed
+// at compile time; a combination with no signature is a compile error that says what is missing and
+// names, in its template arguments, the boxing that would fix it (try_to<Left, Right>). The local math
+// runs on the shards (GEMM through the BLAS for f32/f64); ops never communicate — boxing does.
+//
+//   matmul(a [m,k], b [k,n])    (S(0), B) -> S(0)   (B, S(1)) -> S(1)   (S(1), S(0)) -> P(sum)
+//                               (P(sum), B) -> P(sum)   (B, P(sum)) -> P(sum)   (B, B) -> B
+//   add(a, b)                   (S(i), S(i)) -> S(i)   (B, B) -> B   (P(sum), P(sum)) -> P(sum)
+//   mul(a, b)                   (S(i), S(i)) -> S(i)   (B, B) -> B   (P(sum), B) -> P(sum)   (B, P(sum)) -> P(sum)
+//   relu(t)                     S(i) -> S(i)   B -> B                (not P: relu(a + b) != relu(a) + relu(b))
+//   softmax<A>(t)               S(i) -> S(i) for i != A   B -> B     (not S(A), not P)
+//   embedding(w [V,D], ids [N]) (S(0), B) -> P(sum)   (S(1), B) -> S(1)   (B, S(0)) -> S(0)   (B, B) -> B
+//   reduce_sum<A>(t)            S(A) -> P(sum)   S(i) -> S(i < A ? i : i - 1)   B -> B   P(sum) -> P(sum)
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <flexpar/sbp/boxing.hpp>
+#include <flexpar/sbp/global_tensor.hpp>
+#include <flexpar/sbp/local_math.hpp>
+#include <flexpar/sbp/parallel.hpp>
+
+namespace flexpar::sbp {
+
+// ---- signature tables (values: shared by the static ops, the dynamic form and the search) -------
+
+/// The result of a signature lookup: the output SBP, or none.
+struct signature_result {
+  bool ok = false;       ///< a signature exists
+  parallel out{};        ///< the output SBP (when ok)
+  static constexpr signature_result none() noexcept { return {}; }
+  static constexpr signature_result of(parallel p) noexcept { return {true, p}; }
+};
+
+/// The op signature tables of the header comment, one mesh axis at a time.
+namespace signature {
+constexpr bool is_sum(const parallel& p) noexcept { return p.is_partial() && p.op == reduce_op::sum; }
+
+/// matmul(a [m,k], b [k,n]).
+constexpr signature_result matmul(const parallel& a, const parallel& b) noexcept {
+  if (a.is_split() && a.axis == 0 && b.is_broadcast()) return signature_result::of(parallel::S(0));
+  if (a.is_broadcast() && b.is_split() && b.axis == 1) return signature_result::of(parallel::S(1));
+  if (a.is_split() && a.axis == 1 && b.is_split() && b.axis == 0) return signature_result::of(parallel::P());
+  if (is_sum(a) && b.is_broadcast()) return signature_result::of(parallel::P());
+  if (a.is_broadcast() && is_sum(b)) return signature_result::of(parallel::P());
+  if (a.is_broadcast() && b.is_broadcast()) return signature_result::of(parallel::B());
+  return signature_result::none();
+}
+/// add(a, b), same shapes.
+constexpr signature_result add(const parallel& a, const parallel& b) noexcept {
+  if (a.is_split() && b.is_split() && a.axis == b.axis) return signature_result::of(a);
+  if (a.is_broadcast() && b.is_broadcast()) return signature_result::of(a);
+  if (is_sum(a) && is_sum(b)) return signature_result::of(a);
+  return signature_result::none();
+}
+/// mul(a, b), element-wise, same shapes.
+constexpr signature_result mul(const parallel& a, const parallel& b) noexcept {
+  if (a.is_split() && b.is_split() && a.axis == b.axis) return signature_result::of(a);
+  if (a.is_broadcast() && b.is_broadcast()) return signature_result::of(a);
+  if (is_sum(a) && b.is_broadcast()) return signature_result::of(a);
+  if (a.is_broadcast() && is_sum(b)) return signature_result::of(b);
+  return signature_result::none();
+}
+/// relu(t).
+constexpr signature_result relu(const parallel& a) noexcept {
+  return a.is_partial() ? signature_result::none() : signature_result::of(a);
+}
+/// softmax over tensor axis `axis`.
+constexpr signature_result softmax(const parallel& a, int axis) noexcept {
+  if (a.is_partial() || (a.is_split() && a.axis == axis)) return signature_result::none();
+  return signature_result::of(a);
+}
+/// embedding(weight [V,D], indices [N]) -> [N, D].
+constexpr signature_result embedding(const parallel& w, const parallel& ids) noexcept {
+  if (w.is_split() && w.axis == 0 && ids.is_broadcast()) return signature_result::of(parallel::P());
+  if (w.is_split() && w.axis == 1 && ids.is_broadcast()) return signature_result::of(parallel::S(1));
+  if (w.is_broadcast() && ids.is_split() && ids.axis == 0) return signature_result::of(parallel::S(0));
+  if (w.is_broadcast() && ids.is_broadcast()) return signature_result::of(parallel::B());
+  return signature_result::none();
+}
+/// reduce_sum over tensor axis `axis` (the axis is removed).
+constexpr signature_result reduce_sum(const parallel& a, int axis) noexcept {
+  if (a.is_split() && a.axis == axis) return signature_result::of(parallel::P());
+  if (a.is_split()) return signature_result::of(parallel::S(a.axis < axis ? a.axis : a.axis - 1));
+  if (a.is_broadcast() || is_sum(a)) return signature_result::of(a);
+  return signature_result::none();
+}
+}  // namespace signature
+
+/// An nd signature: per mesh axis, or none (with the first mesh axis that has none).
+struct nd_signature_result {
+  bool ok = false;         ///< every mesh axis has a signature
+  nd_parallel out{};       ///< the output nd-SBP (when ok)
+  std::size_t failed = 0;  ///< the first mesh axis without one (when not ok)
+};
+
+/// Applies a one-axis binary signature on every mesh axis.
+template <class Rule>
+constexpr nd_signature_result nd_signature(Rule rule, const nd_parallel& a, const nd_parallel& b) noexcept {
+  nd_signature_result r{true, {}, 0};
+  r.out.rank = a.rank;
+  for (std::size_t d = 0; d < a.rank; ++d) {
+    const signature_result s = rule(a[d], b[d]);
+    if (!s.ok) return {false, {}, d};
+    r.out[d] = s.out;
+  }
+  return r;
+}
+
+/// Applies a one-axis unary signature on every mesh axis.
+template <class Rule>
+constexpr nd_signature_result nd_signature(Rule rule, const nd_parallel& a) noexcept {
+  nd_signature_result r{true, {}, 0};
+  r.out.rank = a.rank;
+  for (std::size_t d = 0; d < a.rank; ++d) {
+    const signature_result s = rule(a[d]);
+    if (!s.ok) return {false, {}, d};
+    r.out[d] = s.out;
+  }
+  return r;
+}
+
+/// The operands a binary op could be boxed to so that it has a signature: per failing mesh axis, the
+/// right operand is changed first (to B, S(1), S(0)), then the left, then both to B.
+template <class Rule>
+constexpr std::pair<nd_parallel, nd_parallel> fix_for(Rule rule, nd_parallel a, nd_parallel b) noexcept {
+  constexpr parallel candidates[] = {parallel::B(), parallel::S(1), parallel::S(0)};
+  for (std::size_t d = 0; d < a.rank; ++d) {
+    if (rule(a[d], b[d]).ok) continue;
+    bool fixed = false;
+    for (const parallel& c : candidates)
+      if (!fixed && rule(a[d], c).ok) {
+        b[d] = c;
+        fixed = true;
+      }
+    for (const parallel& c : candidates)
+      if (!fixed && rule(c, b[d]).ok) {
+        a[d] = c;
+        fixed = true;
+      }
+    if (!fixed) a[d] = b[d] = parallel::B();
+  }
+  return {a, b};
+}
+
+// ---- from values back to types -----------------------------------------------------------------
+
+namespace detail {
+template <class T>
+inline constexpr bool dependent_false = false;
+}  // namespace detail
+
+/// Compile-time diagnostics: each is instantiated only when an op has no signature; its template
+/// arguments name the operands and the boxing that fixes the call.
+namespace diagnostic {
+
+/// Names the boxing that makes a binary op compile: op(to<Left>(a), to<Right>(b)).
+template <class Left, class Right>
+struct try_to {};
+
+template <class Left, class Right, class Fix>
+struct matmul_has_no_signature {
+  static_assert(detail::dependent_false<Left>,
+                "flexpar::sbp::matmul has no signature for these operand SBPs (named in this template's arguments). "
+                "Per mesh axis it has (S(0), B) -> S(0), (B, S(1)) -> S(1), (S(1), S(0)) -> P(sum), "
+                "(P(sum), B) -> P(sum), (B, P(sum)) -> P(sum), (B, B) -> B. Box an operand first: the "
+                "try_to<Left, Right> argument is a boxing that compiles, matmul(to<Left>(a), to<Right>(b)).");
+};
+
+template <class Left, class Right, class Fix>
+struct add_has_no_signature {
+  static_assert(detail::dependent_false<Left>,
+                "flexpar::sbp::add has no signature for these operand SBPs (named in this template's arguments). "
+                "Per mesh axis it has (S(i), S(i)) -> S(i), (B, B) -> B, (P(sum), P(sum)) -> P(sum); B + P would "
+                "add the broadcast value once per rank. Box an operand first: add(to<Left>(a), to<Right>(b)) "
+                "with the try_to<Left, Right> argument compiles.");
+};
+
+template <class Left, class Right, class Fix>
+struct mul_has_no_signature {
+  static_assert(detail::dependent_false<Left>,
+                "flexpar::sbp::mul has no signature for these operand SBPs (named in this template's arguments). "
+                "Per mesh axis it has (S(i), S(i)) -> S(i), (B, B) -> B, (P(sum), B) -> P(sum), (B, P(sum)) -> "
+                "P(sum); P * P is not allowed: a product of two partial sums is not a partial sum. Box an operand "
+                "first: mul(to<Left>(a), to<Right>(b)) with the try_to<Left, Right> argument compiles, e.g. "
+                "mul(a, to<broadcast>(b)).");
+};
+
+template <class Sbp>
+struct relu_has_no_signature_for_partial {
+  static_assert(detail::dependent_false<Sbp>,
+                "flexpar::sbp::relu has no signature for P: relu of a partial sum is not the sum of the relus. "
+                "relu keeps S(i) and B; box first: relu(to<broadcast>(t)), or to a split (a reduce-scatter, "
+                "cheaper).");
+};
+
+template <class Sbp, int Axis>
+struct softmax_has_no_signature {
+  static_assert(detail::dependent_false<Sbp>,
+                "flexpar::sbp::softmax<Axis> needs the softmax axis whole on every rank: it has no signature for "
+                "S(Axis) or for P. Box first: softmax<Axis>(to<broadcast>(t)) or split another axis.");
+};
+
+template <class Weight, class Indices, class Fix>
+struct embedding_has_no_signature {
+  static_assert(detail::dependent_false<Weight>,
+                "flexpar::sbp::embedding has no signature for these SBPs (named in this template's arguments). "
+                "Per mesh axis it has (weight S(0), ids B) -> P(sum), (S(1), B) -> S(1), (B, S(0)) -> S(0), "
+                "(B, B) -> B. Box first: embedding(to<Left>(weight), to<Right>(ids)) with the try_to argument.");
+};
+
+template <class Sbp, int Axis>
+struct reduce_sum_has_no_signature {
+  static_assert(detail::dependent_false<Sbp>,
+                "flexpar::sbp::reduce_sum has no signature for P(max) or P(min): a sum of partial maxima is not "
+                "the sum. Box first: reduce_sum<Axis>(to<broadcast>(t)).");
+};
+
+template <class A, class B>
+struct operands_on_meshes_of_different_rank {
+  static_assert(detail::dependent_false<A>,
+                "flexpar::sbp: the operands' SBPs have different numbers of mesh axes; both operands of an op "
+                "live on one placement, so their nd-SBPs have one entry per mesh axis of it.");
+};
+
+}  // namespace diagnostic
+
+// ---- the ops -----------------------------------------------------------------------------------
+
+namespace detail {
+
+template <sbp_type A, sbp_type B>
+constexpr bool both_one_axis = one_axis_sbp<A> && one_axis_sbp<B>;
+
+template <sbp_type A, sbp_type B>
+constexpr bool same_mesh_rank() {
+  if constexpr (nd_of<A>::mesh_rank != nd_of<B>::mesh_rank) {
+    (void)sizeof(diagnostic::operands_on_meshes_of_different_rank<A, B>);
+    return false;
+  } else {
+    return true;
+  }
+}
+
+template <class Rule, sbp_type A, sbp_type B>
+using fix_type = diagnostic::try_to<sbp_type_of<fix_for(Rule{}, nd_of<A>::value, nd_of<B>::value).first, false>,
+                                    sbp_type_of<fix_for(Rule{}, nd_of<A>::value, nd_of<B>::value).second, false>>;
+
+struct matmul_rule {
+  constexpr signature_result operator()(const parallel& a, const parallel& b) const noexcept {
+    return signature::matmul(a, b);
+  }
+};
+struct add_rule {
+  constexpr signature_result operator()(const parallel& a, const parallel& b) const noexcept {
+    return signature::add(a, b);
+  }
+};
+struct mul_rule {
+  constexpr signature_result operator()(const parallel& a, const parallel& b) const noexcept {
+    return signature::mul(a, b);
+  }
+};
+struct embedding_rule {
+  constexpr signature_result operator()(const parallel& w, const parallel& ids) const noexcept {
+    return signature::embedding(w, ids);
+  }
+};
+
+template <class TA, class TB>
+void require_same_placement(const TA& a, const TB& b, const char* op) {
+  if (!(a.where() == b.where()))
+    throw usage_error(on_rank(a.where().parent().rank(), op) + "the operands live on different placements (" +
+                      a.where().describe() + " and " + b.where().describe() + "); box one with a placement change");
+}
+
+template <class TA, class TB>
+void require_same_shape(const TA& a, const TB& b, const char* op) {
+  if (a.shape() != b.shape())
+    throw usage_error(on_rank(a.where().parent().rank(), op) + "shapes " + to_string(a.shape()) + " and " +
+                      to_string(b.shape()) + " differ");
+}
+
+}  // namespace detail
+
+/// The output SBP type of an op on static SBPs (void when there is no signature).
+template <sbp_type A, sbp_type B>
+using matmul_sbp = detail::sbp_type_of<nd_signature(detail::matmul_rule{}, nd_of<A>::value, nd_of<B>::value).out,
+                                       detail::both_one_axis<A, B>>;
+
+/// Matrix product of a [m, k] and b [k, n] (signatures in the header). Local: one GEMM on the shards.
+template <element T, sbp_type A, sbp_type B, class M>
+auto matmul(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
+  if constexpr (!detail::same_mesh_rank<A, B>()) {
+    return;
+  } else {
+    constexpr nd_signature_result sig = nd_signature(detail::matmul_rule{}, nd_of<A>::value, nd_of<B>::value);
+    if constexpr (!sig.ok) {
+      (void)sizeof(diagnostic::matmul_has_no_signature<A, B, detail::fix_type<detail::matmul_rule, A, B>>);
+      return;
+    } else {
+      using Out = detail::sbp_type_of<sig.out, detail::both_one_axis<A, B>>;
+      detail::require_same_placement(a, b, "matmul");
+      if (a.shape().size() != 2 || b.shape().size() != 2 || a.shape()[1] != b.shape()[0])
+        throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "shapes " + to_string(a.shape()) +
+                          " x " + to_string(b.shape()) + " do not multiply ([m, k] x [k, n])");
+      const shape_t out_shape{a.shape()[0], b.shape()[1]};
+      if (!a.where().contains_me()) return global_tensor<T, Out, M>::from_local(a.where(), out_shape, {});
+      const shape_t la = a.local_shape(), lb = b.local_shape();
+      if (la[1] != lb[0])
+        throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "local shards " + to_string(la) +
+                          " x " + to_string(lb) + " do not multiply");
+      std::vector<T> c(la[0] * lb[1]);
+      local::gemm(la[0], lb[1], la[1], a.to_local().data(), b.to_local().data(), c.data());
+      return global_tensor<T, Out, M>::from_local(a.where(), out_shape, std::move(c));
+    }
+  }
+}
+
+/// Element-wise sum (signatures in the header).
+template <element T, sbp_type A, sbp_type B, class M>
+auto add(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
+  if constexpr (!detail::same_mesh_rank<A, B>()) {
+    return;
+  } else {
+    constexpr nd_signature_result sig = nd_signature(detail::add_rule{}, nd_of<A>::value, nd_of<B>::value);
+    if constexpr (!sig.ok) {
+      (void)sizeof(diagnostic::add_has_no_signature<A, B, detail::fix_type<detail::add_rule, A, B>>);
+      return;
+    } else {
+      detail::require_same_placement(a, b, "add");
+      detail::require_same_shape(a, b, "add");
+      std::vector<T> out(a.to_local().size());
+      const auto x = a.to_local(), y = b.to_local();
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = T(accumulate_t<T>(x[i]) + accumulate_t<T>(y[i]));
+      return global_tensor<T, A, M>::from_local(a.where(), a.shape(), std::move(out));
+    }
+  }
+}
+
+/// Element-wise product (signatures in the header).
+template <element T, sbp_type A, sbp_type B, class M>
+auto mul(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
+  if constexpr (!detail::same_mesh_rank<A, B>()) {
+    return;
+  } else {
+    constexpr nd_signature_result sig = nd_signature(detail::mul_rule{}, nd_of<A>::value, nd_of<B>::value);
+    if constexpr (!sig.ok) {
+      (void)sizeof(diagnostic::mul_has_no_signature<A, B, detail::fix_type<detail::mul_rule, A, B>>);
+      return;
+    } else {
+      using Out = detail::sbp_type_of<sig.out, detail::both_one_axis<A, B>>;
+      detail::require_same_placement(a, b, "mul");
+      detail::require_same_shape(a, b, "mul");
+      std::vector<T> out(a.to_local().size());
+      const auto x = a.to_local(), y = b.to_local();
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = T(accumulate_t<T>(x[i]) * accumulate_t<T>(y[i]));
+      return global_tensor<T, Out, M>::from_local(a.where(), a.shape(), std::move(out));
+    }
+  }
+}
+
+/// max(0, x) element-wise; keeps S and B (not P).
+template <element T, sbp_type A, class M>
+auto relu(const global_tensor<T, A, M>& t) {
+  constexpr nd_signature_result sig = nd_signature(signature::relu, nd_of<A>::value);
+  if constexpr (!sig.ok) {
+    (void)sizeof(diagnostic::relu_has_no_signature_for_partial<A>);
+    return;
+  } else {
+    std::vector<T> out(t.to_local().begin(), t.to_local().end());
+    for (T& x : out)
+      if (accumulate_t<T>(x) < accumulate_t<T>(0)) x = T(accumulate_t<T>(0));
+    return global_tensor<T, A, M>::from_local(t.where(), t.shape(), std::move(out));
+  }
+}
+
+/// Softmax over tensor axis Axis (which must be whole on every rank).
+template <int Axis, element T, sbp_type A, class M>
+auto softmax(const global_tensor<T, A, M>& t) {
+  constexpr nd_signature_result sig =
+      nd_signature([](const parallel& p) { return signature::softmax(p, Axis); }, nd_of<A>::value);
+  if constexpr (!sig.ok) {
+    (void)sizeof(diagnostic::softmax_has_no_signature<A, Axis>);
+    return;
+  } else {
+    if (static_cast<std::size_t>(Axis) >= t.shape().size())
+      throw usage_error(detail::on_rank(t.where().parent().rank(), "softmax") + "axis " + std::to_string(Axis) +
+                        " of a tensor of shape " + to_string(t.shape()));
+    const shape_t ls = t.local_shape();
+    std::vector<T> out(t.to_local().begin(), t.to_local().end());
+    if (!out.empty()) {
+      const detail::around v(ls, Axis);
+      for (std::size_t o = 0; o < v.outer; ++o)
+        for (std::size_t i = 0; i < v.inner; ++i) {
+          T* row = out.data() + o * v.rows * v.inner + i;
+          double hi = -INFINITY, sum = 0;
+          for (std::size_t r = 0; r < v.rows; ++r) hi = std::max(hi, double(accumulate_t<T>(row[r * v.inner])));
+          for (std::size_t r = 0; r < v.rows; ++r) sum += std::exp(double(accumulate_t<T>(row[r * v.inner])) - hi);
+          for (std::size_t r = 0; r < v.rows; ++r)
+            row[r * v.inner] = T(accumulate_t<T>(std::exp(double(accumulate_t<T>(row[r * v.inner])) - hi) / sum));
+        }
+    }
+    return global_tensor<T, A, M>::from_local(t.where(), t.shape(), std::move(out));
+  }
+}
+
+/// Row lookup: out[i, :] = weight[ids[i], :]. With the weight split by rows (S(0)) each rank looks up
+/// the ids in its rows and writes zeros for the others: the model-parallel embedding, P(sum).
+/// @throws usage_error for an id outside [0, V).
+template <element T, sbp_type W, sbp_type I, class M>
+auto embedding(const global_tensor<T, W, M>& weight, const global_tensor<std::int64_t, I, M>& ids) {
+  if constexpr (!detail::same_mesh_rank<W, I>()) {
+    return;
+  } else {
+    constexpr nd_signature_result sig = nd_signature(detail::embedding_rule{}, nd_of<W>::value, nd_of<I>::value);
+    if constexpr (!sig.ok) {
+      (void)sizeof(
+          diagnostic::embedding_has_no_signature<W, I, detail::fix_type<detail::embedding_rule, W, I>>);
+      return;
+    } else {
+      using Out = detail::sbp_type_of<sig.out, detail::both_one_axis<W, I>>;
+      detail::require_same_placement(weight, ids, "embedding");
+      if (weight.shape().size() != 2 || ids.shape().size() != 1)
+        throw usage_error(detail::on_rank(weight.where().parent().rank(), "embedding") + "weight " +
+                          to_string(weight.shape()) + " and ids " + to_string(ids.shape()) +
+                          ": it needs weight [V, D] and ids [N]");
+      const shape_t out_shape{ids.shape()[0], weight.shape()[1]};
+      if (!weight.where().contains_me()) return global_tensor<T, Out, M>::from_local(weight.where(), out_shape, {});
+      const box rows = weight.my_box();
+      const std::size_t cols = rows.extent[1];
+      const auto w = weight.to_local();
+      std::vector<T> out(ids.to_local().size() * cols, T{});
+      for (std::size_t i = 0; i < ids.to_local().size(); ++i) {
+        const std::int64_t id = ids.to_local()[i];
+        if (id < 0 || static_cast<std::size_t>(id) >= weight.shape()[0])
+          throw usage_error(detail::on_rank(weight.where().parent().rank(), "embedding") + "id " + std::to_string(id) +
+                            " is outside the vocabulary of " + std::to_string(weight.shape()[0]) + " rows");
+        const auto row = static_cast<std::size_t>(id);
+        if (row < rows.offset[0] || row >= rows.offset[0] + rows.extent[0]) continue;
+        std::copy_n(w.begin() + static_cast<std::ptrdiff_t>((row - rows.offset[0]) * cols), cols,
+                    out.begin() + static_cast<std::ptrdiff_t>(i * cols));
+      }
+      return global_tensor<T, Out, M>::from_local(weight.where(), out_shape, std::move(out));
+    }
+  }
+}
+
+/// Sum over tensor axis Axis, which is removed; over a split axis the result is P(sum).
+template <int Axis, element T, sbp_type A, class M>
+auto reduce_sum(const global_tensor<T, A, M>& t) {
+  constexpr nd_signature_result sig =
+      nd_signature([](const parallel& p) { return signature::reduce_sum(p, Axis); }, nd_of<A>::value);
+  if constexpr (!sig.ok) {
+    (void)sizeof(diagnostic::reduce_sum_has_no_signature<A, Axis>);
+    return;
+  } else {
+    using Out = detail::sbp_type_of<sig.out, one_axis_sbp<A>>;
+    if (static_cast<std::size_t>(Axis) >= t.shape().size())
+      throw usage_error(detail::on_rank(t.where().parent().rank(), "reduce_sum") + "axis " + std::to_string(Axis) +
+                        " of a tensor of shape " + to_string(t.shape()));
+    shape_t out_shape = t.shape();
+    out_shape.erase(out_shape.begin() + Axis);
+    if (!t.where().contains_me()) return global_tensor<T, Out, M>::from_local(t.where(), out_shape, {});
+    const detail::around v(t.local_shape(), Axis);
+    std::vector<accumulate_t<T>> acc(v.outer * v.inner, accumulate_t<T>(0));
+    const auto x = t.to_local();
+    for (std::size_t o = 0; o < v.outer; ++o)
+      for (std::size_t r = 0; r < v.rows; ++r)
+        for (std::size_t i = 0; i < v.inner; ++i)
+          acc[o * v.inner + i] += accumulate_t<T>(x[(o * v.rows + r) * v.inner + i]);
+    std::vector<T> out(acc.size());
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = T(acc[i]);
+    return global_tensor<T, Out, M>::from_local(t.where(), out_shape, std::move(out));
+  }
+}
+
+}  // namespace flexpar::sbp

@@ -1,0 +1,17 @@
+// flexpar/sbp/sbp.hpp — SBP global tensors (OneFlow's idea, as C++ types): the umbrella header.
+//
+//   parallel.hpp       split<I>, broadcast, partial<Op>, sbp<...>; printing S(0), B, P(sum)
+//   placement.hpp      placement<N>: a mesh of ranks with one sub-communicator per mesh axis
+//   layout.hpp         balanced splits, shard boxes, strided box copies
+//   global_tensor.hpp  global_tensor<T, Sbp>: logical shape + my shard; from_full, scatter, to_full
+//   boxing.hpp         to<NewSbp>(t): one overload per transform, nd routes, boxing_cost
+//   local_math.hpp     the shards' GEMM (BLAS)
+//   ops.hpp            matmul, add, mul, relu, softmax, embedding, reduce_sum with deduced SBPs
+#pragma once
+
+#include <flexpar/sbp/boxing.hpp>
+#include <flexpar/sbp/global_tensor.hpp>
+#include <flexpar/sbp/layout.hpp>
+#include <flexpar/sbp/ops.hpp>
+#include <flexpar/sbp/parallel.hpp>
+#include <flexpar/sbp/placement.hpp>

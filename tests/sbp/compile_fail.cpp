@@ -1,0 +1,30 @@
+// Programs that must not compile: each FLEXPAR_CASE is a wrong parallel program, and the ctest that
+// builds it (expect_compile_error.cmake) checks the text of the error. Case 0 is the control: the
+// same code with the right boxing compiles (so a failure of the others is the diagnostic's, not a
+// broken include path).
+#include <flexpar/sbp/sbp.hpp>
+
+using namespace flexpar::sbp;
+
+void program(const placement<1>& mesh, const placement<2>& mesh2) {
+  auto partial_x = global_tensor<float, partial_sum>::from_full(mesh, {4, 4}, std::vector<float>(16));
+  auto rows = global_tensor<float, split<0>>::from_full(mesh, {4, 4}, std::vector<float>(16));
+  auto whole = global_tensor<float, broadcast>::from_full(mesh, {4, 4}, std::vector<float>(16));
+  (void)mesh2;
+#if FLEXPAR_CASE == 0
+  auto ok1 = matmul(partial_x, to<broadcast>(rows));      // (P, B) -> P
+  auto ok2 = relu(to<broadcast>(partial_x));              // B -> B
+  auto ok3 = mul(partial_x, whole);                        // (P, B) -> P
+  auto ok4 = to<sbp<split<0>, broadcast>>(global_tensor<float, sbp<broadcast, broadcast>>::from_full(
+      mesh2, {4, 4}, std::vector<float>(16)));
+  (void)ok1, (void)ok2, (void)ok3, (void)ok4;
+#elif FLEXPAR_CASE == 1  // matmul with no signature: (P(sum), S(0))
+  auto bad = matmul(partial_x, rows);
+#elif FLEXPAR_CASE == 2  // relu of a partial sum
+  auto bad = relu(partial_x);
+#elif FLEXPAR_CASE == 3  // P * P
+  auto bad = mul(partial_x, partial_x);
+#elif FLEXPAR_CASE == 4  // boxing a 1-D tensor to a 2-axis nd-SBP
+  auto bad = to<sbp<split<0>, broadcast>>(rows);
+#endif
+}

@@ -1,0 +1,177 @@
+// Every boxing pair, 1-D and on 2 x 2 meshes, threads as ranks: box a tensor, gather it (to_full,
+// which does not use boxing) and compare with the serial logical tensor it started from. Shapes are
+// uneven for 2, 3 and 4 ranks, include an empty axis, and every tensor axis is split.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <numeric>
+#include <tuple>
+
+#include <flexpar/sbp/sbp.hpp>
+#include <flexpar/transport/inproc.hpp>
+
+#include "boxing_checks.hpp"
+
+// GCC 12 pairs the replaced operator new/delete below with std::free and warns wrongly.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+// Allocations made by this thread (the identity-boxing test checks that boxing X -> X makes none).
+namespace {
+thread_local std::uint64_t allocations_here = 0;
+}
+void* operator new(std::size_t n) {
+  ++allocations_here;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace flexpar::sbp {
+namespace {
+
+using namespace testing_support;
+
+config test_config() {
+  config c;
+  c.timeout = std::chrono::seconds(60);
+  return c;
+}
+
+class boxing_1d : public ::testing::TestWithParam<int> {};
+
+TEST_P(boxing_1d, every_pair_gives_back_the_logical_tensor) {
+  run_in_process(
+      GetParam(),
+      [](communicator& comm) {
+        placement<1> mesh(comm, {comm.size()});
+        int salt = 0;
+        for (const shape_t& shape : shapes())
+          for_each_pair(one_axis{}, [&]<class From, class To>(From, To) {
+            check_pair<std::int32_t, From, To>(mesh, shape, ++salt);
+          });
+        for_each_pair(list<split<1>, partial_sum, broadcast>{}, [&]<class From, class To>(From, To) {
+          check_pair<double, From, To>(mesh, {3, 5}, ++salt);
+          check_pair<float, From, To>(mesh, {6, 2}, ++salt);
+        });
+      },
+      test_config());
+}
+
+INSTANTIATE_TEST_SUITE_P(worlds, boxing_1d, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return std::string("p").append(std::to_string(info.param)); });
+
+class boxing_2d : public ::testing::TestWithParam<std::array<int, 2>> {};
+
+TEST_P(boxing_2d, every_nd_route_gives_back_the_logical_tensor) {
+  const auto mesh_shape = GetParam();
+  run_in_process(
+      mesh_shape[0] * mesh_shape[1],
+      [&](communicator& comm) {
+        placement<2> mesh(comm, mesh_shape);
+        int salt = 0;
+        for (const shape_t& shape : {shape_t{5, 3, 4}, shape_t{2, 5, 3}, shape_t{0, 2, 3}})
+          for_each_pair(two_axes{}, [&]<class From, class To>(From, To) {
+            check_pair<std::int64_t, From, To>(mesh, shape, ++salt);
+          });
+      },
+      test_config());
+}
+
+INSTANTIATE_TEST_SUITE_P(meshes, boxing_2d,
+                         ::testing::Values(std::array<int, 2>{2, 2}, std::array<int, 2>{1, 3}, std::array<int, 2>{3, 1},
+                                           std::array<int, 2>{2, 1}),
+                         [](const auto& info) {
+                           return std::string("m").append(std::to_string(info.param[0])).append("x").append(std::to_string(info.param[1]));
+                         });
+
+// ---- routes are compile-time values ----------------------------------------------------------------
+
+static_assert(route_of<split<0>, split<0>>.count == 0);
+static_assert(route_of<partial_sum, broadcast>.count == 1);
+static_assert(route_of<partial_sum, partial<reduce_op::max>>.count == 2);  // through B
+static_assert(!route_of<sbp<split<0>, split<1>>, sbp<broadcast, broadcast>>.through_broadcast);
+// (B, S(0)) -> (S(0), S(0)): axis 0 cannot split rows that axis 1 already splits; the route goes through B
+static_assert(route_of<sbp<broadcast, split<0>>, sbp<split<0>, split<0>>>.through_broadcast);
+static_assert(route_of<sbp<partial_sum, split<1>>, sbp<broadcast, broadcast>>.count == 2);
+
+TEST(boxing, identity_allocates_and_copies_nothing) {
+  run_in_process(
+      1,
+      [](communicator& comm) {
+        placement<1> mesh(comm, {1});
+        const std::vector<float> full = logical<float>({4, 4}, 1);
+        auto t = global_tensor<float, split<0>>::from_full(mesh, {4, 4}, full);
+        const float* data = t.to_local().data();
+        const std::uint64_t before = allocations_here;
+        auto&& same = to<split<0>>(t);
+        auto moved = to<split<0>>(std::move(t));
+        const std::uint64_t made = allocations_here - before;
+        EXPECT_EQ(&same, &t);
+        EXPECT_EQ(moved.to_local().data(), data);
+        EXPECT_EQ(made, 0u) << "identity boxing allocated";
+        EXPECT_EQ(moved.to_full(), full);
+      },
+      test_config());
+}
+
+TEST(boxing, cost_comes_from_the_collectives) {
+  run_in_process(
+      4,
+      [](communicator& comm) {
+        placement<1> mesh(comm, {4});
+        const shape_t shape{1024, 256};
+        const double bytes = 1024.0 * 256 * 4;
+        const cost ar = boxing_cost<partial_sum, broadcast>(shape, mesh);
+        EXPECT_DOUBLE_EQ(ar.wire_bytes, allreduce_ring_cost(4, bytes).wire_bytes);
+        EXPECT_DOUBLE_EQ((boxing_cost<split<0>, broadcast>(shape, mesh).wire_bytes),
+                         allgather_ring_cost(4, bytes).wire_bytes);
+        EXPECT_DOUBLE_EQ((boxing_cost<partial_sum, split<1>>(shape, mesh).wire_bytes),
+                         reduce_scatter_ring_cost(4, bytes).wire_bytes);
+        EXPECT_DOUBLE_EQ((boxing_cost<split<0>, split<1>>(shape, mesh).wire_bytes),
+                         alltoall_pairwise_cost(4, bytes / 4).wire_bytes);
+        EXPECT_EQ((boxing_cost<broadcast, split<0>>(shape, mesh).wire_bytes), 0.0);
+        EXPECT_EQ((boxing_cost<split<1>, split<1>>(shape, mesh).wire_bytes), 0.0);
+      },
+      test_config());
+}
+
+TEST(boxing, names_follow_oneflow) {
+  EXPECT_EQ(to_string<split<0>>(), "S(0)");
+  EXPECT_EQ(to_string<broadcast>(), "B");
+  EXPECT_EQ(to_string<partial_sum>(), "P(sum)");
+  EXPECT_EQ((to_string<sbp<split<0>, broadcast>>()), "(S(0), B)");
+  EXPECT_EQ((to_string<sbp<partial<reduce_op::max>, split<1>>>()), "(P(max), S(1))");
+}
+
+TEST(boxing, bad_input_is_a_clear_error) {
+  run_in_process(
+      2,
+      [](communicator& comm) {
+        placement<1> mesh(comm, {2});
+        try {
+          (void)global_tensor<float, split<2>>::from_full(mesh, {4, 4}, std::vector<float>(16));
+          ADD_FAILURE() << "split of a missing axis accepted";
+        } catch (const usage_error& e) {
+          EXPECT_NE(std::string(e.what()).find("splits tensor axis 2 but the shape [4, 4] has 2 axes"), std::string::npos)
+              << e.what();
+        }
+        try {
+          (void)global_tensor<float, split<0>>::from_local(mesh, {5, 2}, std::vector<float>(3));
+          ADD_FAILURE() << "wrong shard size accepted";
+        } catch (const usage_error& e) {
+          EXPECT_NE(std::string(e.what()).find("S(0)"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find(comm.rank() == 0 ? "shard of 6 elements [3, 2]" : "shard of 4 elements [2, 2]"),
+                    std::string::npos)
+              << e.what();
+        }
+        EXPECT_THROW(placement<2>(comm, {2, 2}), usage_error);
+      },
+      test_config());
+}
+
+}  // namespace
+}  // namespace flexpar::sbp
