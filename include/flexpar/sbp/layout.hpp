@@ -94,7 +94,9 @@ void copy_box_axis(const T* src, const shape_t& src_strides, T* dst, const shape
 }  // namespace detail
 
 /// Copies the box (`src_offset`, `extent`) of a row-major tensor `src` of shape `src_shape` to the box
-/// (`dst_offset`, `extent`) of `dst` of shape `dst_shape`. The innermost axis moves as one block.
+/// (`dst_offset`, `extent`) of `dst` of shape `dst_shape`. Inner axes that the box covers whole in
+/// both tensors are merged first, so the innermost copy is as long as the layouts allow (a box of
+/// whole rows is one memcpy).
 template <class T>
 void copy_box(std::span<const T> src, const shape_t& src_shape, const shape_t& src_offset, std::span<T> dst,
               const shape_t& dst_shape, const shape_t& dst_offset, const shape_t& extent) {
@@ -103,13 +105,25 @@ void copy_box(std::span<const T> src, const shape_t& src_shape, const shape_t& s
     dst[0] = src[0];
     return;
   }
-  const shape_t ss = strides_of(src_shape), ds = strides_of(dst_shape);
-  std::size_t s0 = 0, d0 = 0;
-  for (std::size_t i = 0; i < extent.size(); ++i) {
-    s0 += src_offset[i] * ss[i];
-    d0 += dst_offset[i] * ds[i];
+  // merge axis k into k-1 while axis k is whole in both tensors
+  shape_t ss = src_shape, ds = dst_shape, so = src_offset, dof = dst_offset, ex = extent;
+  while (ex.size() > 1) {
+    const std::size_t k = ex.size() - 1;
+    if (ex[k] != ss[k] || ex[k] != ds[k]) break;
+    ex[k - 1] *= ex[k];
+    so[k - 1] = so[k - 1] * ss[k] + so[k];
+    dof[k - 1] = dof[k - 1] * ds[k] + dof[k];
+    ss[k - 1] *= ss[k];
+    ds[k - 1] *= ds[k];
+    ex.pop_back(), ss.pop_back(), ds.pop_back(), so.pop_back(), dof.pop_back();
   }
-  detail::copy_box_axis(src.data() + s0, ss, dst.data() + d0, ds, extent, 0);
+  const shape_t sst = strides_of(ss), dst_strides = strides_of(ds);
+  std::size_t s0 = 0, d0 = 0;
+  for (std::size_t i = 0; i < ex.size(); ++i) {
+    s0 += so[i] * sst[i];
+    d0 += dof[i] * dst_strides[i];
+  }
+  detail::copy_box_axis(src.data() + s0, sst, dst.data() + d0, dst_strides, ex, 0);
 }
 
 /// `shape` with axis `axis` replaced by `n`.
