@@ -9,6 +9,7 @@
 #include <new>
 #include <numeric>
 #include <tuple>
+#include <algorithm>
 
 #include <flexpar/sbp/sbp.hpp>
 #include <flexpar/transport/inproc.hpp>
@@ -114,6 +115,24 @@ TEST(boxing, identity_allocates_and_copies_nothing) {
         EXPECT_EQ(moved.to_local().data(), data);
         EXPECT_EQ(made, 0u) << "identity boxing allocated";
         EXPECT_EQ(moved.to_full(), full);
+      },
+      test_config());
+}
+
+TEST(boxing, scatter_from_a_root_equals_from_full) {
+  run_in_process(
+      4,
+      [](communicator& comm) {
+        placement<2> mesh(comm, {2, 2});
+        const shape_t shape{5, 3};
+        const std::vector<float> full = logical<float>(shape, 9);
+        for (int root : {0, 3}) {
+          const std::span<const float> given = mesh.my_index() == root ? std::span<const float>(full) : std::span<const float>();
+          auto t = global_tensor<float, sbp<split<0>, partial_sum>>::scatter(mesh, shape, given, root);
+          auto u = global_tensor<float, sbp<split<0>, partial_sum>>::from_full(mesh, shape, full);
+          EXPECT_TRUE(std::ranges::equal(t.to_local(), u.to_local())) << "root " << root;
+          EXPECT_EQ(t.to_full(), full);
+        }
       },
       test_config());
 }
