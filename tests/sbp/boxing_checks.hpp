@@ -37,19 +37,40 @@ inline const std::vector<shape_t>& shapes() {
   return s;
 }
 
-template <class T, class From, class To, std::size_t N>
-void check_pair(const placement<N>& mesh, const shape_t& shape, int salt) {
-  const std::vector<T> full = logical<T>(shape, salt);
-  auto t = global_tensor<T, From>::from_full(mesh, shape, full);
-  ASSERT_EQ(t.to_full(), full) << "from_full " << to_string<From>() << " " << to_string(shape);
-  auto&& boxed = to<To>(t);  // t stays as it was (X -> X: boxed is t itself)
-  const std::string what = to_string<From>() + " -> " + to_string<To>() + " " + to_string(shape) + " on rank " +
-                           std::to_string(mesh.parent().rank());
-  EXPECT_EQ(boxed.local_shape(), boxed.my_box().extent) << what;
-  EXPECT_EQ(boxed.to_local().size(), elements_of(boxed.local_shape())) << what;
-  EXPECT_EQ(boxed.to_full(), full) << what;
-  EXPECT_EQ(t.to_full(), full) << "the source of " << what << " changed";
+/// What one boxing produced, compared by one non-template-per-pair function (keeps the many
+/// instantiations of check_pair light to compile).
+template <class T>
+struct boxing_outcome {
+  std::string what;
+  std::vector<T> logical, source_before, source_after, boxed;
+  shape_t local_shape, box_extent;
+  std::size_t local_size = 0;
+};
+
+template <class T>
+void expect_boxing_kept_the_tensor(const boxing_outcome<T>& o) {
+  ASSERT_EQ(o.source_before, o.logical) << "from_full " << o.what;
+  EXPECT_EQ(o.local_shape, o.box_extent) << o.what;
+  EXPECT_EQ(o.local_size, elements_of(o.local_shape)) << o.what;
+  EXPECT_EQ(o.boxed, o.logical) << o.what;
+  EXPECT_EQ(o.source_after, o.logical) << "the source of " << o.what << " changed";
 }
 
+template <class T, class From, class To, std::size_t N>
+void check_pair(const placement<N>& mesh, const shape_t& shape, int salt) {
+  boxing_outcome<T> o;
+  o.logical = logical<T>(shape, salt);
+  auto t = global_tensor<T, From>::from_full(mesh, shape, o.logical);
+  o.source_before = t.to_full();
+  auto&& boxed = to<To>(t);  // t stays as it was (X -> X: boxed is t itself)
+  o.what = to_string<From>() + " -> " + to_string<To>() + " " + to_string(shape) + " on rank " +
+           std::to_string(mesh.parent().rank());
+  o.local_shape = boxed.local_shape();
+  o.box_extent = boxed.my_box().extent;
+  o.local_size = boxed.to_local().size();
+  o.boxed = boxed.to_full();
+  o.source_after = t.to_full();
+  expect_boxing_kept_the_tensor(o);
+}
 
 }  // namespace flexpar::sbp::testing_support

@@ -65,30 +65,6 @@ TEST_P(boxing_1d, every_pair_gives_back_the_logical_tensor) {
 INSTANTIATE_TEST_SUITE_P(worlds, boxing_1d, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return std::string("p").append(std::to_string(info.param)); });
 
-class boxing_2d : public ::testing::TestWithParam<std::array<int, 2>> {};
-
-TEST_P(boxing_2d, every_nd_route_gives_back_the_logical_tensor) {
-  const auto mesh_shape = GetParam();
-  run_in_process(
-      mesh_shape[0] * mesh_shape[1],
-      [&](communicator& comm) {
-        placement<2> mesh(comm, mesh_shape);
-        int salt = 0;
-        for (const shape_t& shape : {shape_t{5, 3, 4}, shape_t{2, 5, 3}, shape_t{0, 2, 3}})
-          for_each_pair(two_axes{}, [&]<class From, class To>(From, To) {
-            check_pair<std::int64_t, From, To>(mesh, shape, ++salt);
-          });
-      },
-      test_config());
-}
-
-INSTANTIATE_TEST_SUITE_P(meshes, boxing_2d,
-                         ::testing::Values(std::array<int, 2>{2, 2}, std::array<int, 2>{1, 3}, std::array<int, 2>{3, 1},
-                                           std::array<int, 2>{2, 1}),
-                         [](const auto& info) {
-                           return std::string("m").append(std::to_string(info.param[0])).append("x").append(std::to_string(info.param[1]));
-                         });
-
 // ---- routes are compile-time values ----------------------------------------------------------------
 
 static_assert(route_of<split<0>, split<0>>.count == 0);
