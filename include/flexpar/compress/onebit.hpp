@@ -51,28 +51,47 @@ class onebit {
       throw usage_error("onebit::encode: buffer of " + std::to_string(out.size()) + " bytes, needs " +
                         std::to_string(encoded_size(x.size())));
     // One read-only pass first: x * 0 is NaN exactly for NaN and Inf, so a bad input is refused
-    // before the residual changes.
+    // before the residual changes (8 independent lanes, so it vectorizes).
+    constexpr std::size_t lanes = 8;
+    float probe8[lanes] = {};
+    std::size_t k = 0;
+    for (; k + lanes <= x.size(); k += lanes)
+      for (std::size_t j = 0; j < lanes; ++j) probe8[j] += x[k + j] * 0.0f;
+    for (; k < x.size(); ++k) probe8[0] += x[k] * 0.0f;
     float probe = 0.0f;
-    for (float v : x) probe += v * 0.0f;
+    for (float v : probe8) probe += v;
     if (std::isnan(probe)) throw_non_finite(x);
     std::byte* o = out.data();
     for (std::size_t begin = 0; begin < x.size(); begin += chunk_) {
       const std::size_t n = std::min(chunk_, x.size() - begin);
       float* r = residual_.data() + begin;
       const float* xs = x.data() + begin;
-      double total = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        r[i] += xs[i];  // v = x + residual, kept in place
-        total += std::abs(r[i]);
+      float total8[lanes] = {};  // sum of |v| in 8 lanes (a chunk is small: float keeps ~7 digits)
+      std::size_t i = 0;
+      for (; i + lanes <= n; i += lanes)
+        for (std::size_t j = 0; j < lanes; ++j) {
+          r[i + j] += xs[i + j];  // v = x + residual, kept in place
+          total8[j] += std::abs(r[i + j]);
+        }
+      for (; i < n; ++i) {
+        r[i] += xs[i];
+        total8[0] += std::abs(r[i]);
       }
+      double total = 0;
+      for (float t : total8) total += t;
       const float scale = static_cast<float>(total / static_cast<double>(n));
       std::memcpy(o, &scale, sizeof scale);
       auto* bits = reinterpret_cast<std::uint8_t*>(o + sizeof scale);
-      std::memset(bits, 0, (n + 7) / 8);
-      for (std::size_t i = 0; i < n; ++i) {
-        const bool negative = r[i] < 0;
-        bits[i / 8] |= static_cast<std::uint8_t>(negative) << (i % 8);
-        r[i] -= negative ? -scale : scale;  // what was not sent stays for the next step
+      for (std::size_t b = 0; b < (n + 7) / 8; ++b) {  // byte by byte: bit j of byte b is element 8b + j
+        std::uint8_t byte = 0;
+        const std::size_t m = std::min<std::size_t>(8, n - 8 * b);
+        for (std::size_t j = 0; j < m; ++j) {
+          float& v = r[8 * b + j];
+          const bool negative = v < 0;
+          byte = static_cast<std::uint8_t>(byte | (static_cast<unsigned>(negative) << j));
+          v -= negative ? -scale : scale;  // what was not sent stays for the next step
+        }
+        bits[b] = byte;
       }
       o += sizeof scale + (n + 7) / 8;
     }
