@@ -1,0 +1,293 @@
+/// @file
+/// @brief async_model_average: a background thread averages the weights of every rank every
+/// `period_ms`, while the training thread keeps stepping on its own (BAGUA's asynchronous model
+/// average).
+///
+/// Threads and communicators: start() splits the communicator (collective) into a private one that
+/// only the background thread uses (a communicator serves one thread at a time), so the training
+/// thread may keep using `comm` for its own collectives. Over MPI this needs MPI_THREAD_MULTIPLE
+/// (checked at construction: usage_error otherwise). The weights are guarded by one mutex that
+/// step() holds while it applies the optimizer and the thread holds while it reads or writes them.
+///
+/// One round of the background thread, M = model bytes (f32), p ranks:
+///   step 1: wait `period_ms` (or a request: abort, finish)
+///   step 2: allreduce(max) of this rank's {pause wanted, stop wanted}        16 bytes, so that every
+///           rank's thread takes the same decision in the same round
+///   step 3: under the lock, copy the weights into a snapshot s                local
+///   step 4: a = allreduce(avg) of s (without the lock: training goes on)     2 (p - 1) / p * M sent
+///   step 5: under the lock, x += a - s (the local steps taken during step 4 are kept)
+/// Bytes on the wire per rank: 2 (p - 1) / p * M per round, i.e. per second 1000 / period_ms rounds
+/// (fewer when the allreduce takes longer than the period), independent of the step rate.
+///
+/// abort() and resume() are collective (every rank calls them, in the same order): abort() returns
+/// once this rank's thread has paused (all threads pause in the same round); resume() lets them go on.
+/// finish() (collective) stops the thread in a common round, then averages once more synchronously,
+/// so every rank ends with the same weights: the average of the weights at that moment. The
+/// destructor without finish() stops the thread locally (a rank that leaves early): the other ranks'
+/// rounds then end with timeout_error at their deadline, which their next step()/finish() rethrows.
+/// Results depend on timing: the tests check the rules (identical average after finish, pause,
+/// deadlines), not a serial trajectory. Use it when ranks run at different speeds or the network is
+/// slow and bursty: no rank ever waits for another in step().
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <flexpar/collective.hpp>
+#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/flat_model.hpp>
+
+namespace flexpar::relax {
+
+/// Background weight averaging every `period_ms` (file header).
+class async_model_average final : public algorithm {
+ public:
+  /// Over `comm` (kept by reference; it must outlive this object).
+  /// @throws usage_error if period_ms < 1, or if `comm` runs over MPI and MPI was initialized with a
+  ///         thread level below MPI_THREAD_MULTIPLE.
+  async_model_average(communicator& comm, int period_ms) : comm_(comm), period_(period_ms) {
+    const std::string at = detail::where(comm.rank(), "async_model_average", "make");
+    if (period_ms < 1) throw usage_error(at + "period of " + std::to_string(period_ms) + " ms; it must be at least 1");
+    if (comm.mpi_comm() != MPI_COMM_NULL) {
+      int initialized = 0, provided = MPI_THREAD_SINGLE;
+      MPI_Initialized(&initialized);
+      if (initialized) MPI_Query_thread(&provided);
+      if (provided < MPI_THREAD_MULTIPLE)
+        throw usage_error(at +
+                          "its background thread calls MPI while the training thread does; initialize MPI with "
+                          "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) (this MPI provides level " +
+                          std::to_string(provided) + ")");
+    }
+  }
+
+  async_model_average(const async_model_average&) = delete;
+  async_model_average& operator=(const async_model_average&) = delete;
+
+  /// Stops the background thread without communicating (see the file header for ranks that leave early).
+  ~async_model_average() override { stop_locally(); }
+
+  /// Bytes one rank sends per averaging round for a model of `model_bytes` on `p` ranks.
+  static constexpr double wire_bytes_per_round(double model_bytes, int p) noexcept {
+    return p <= 1 ? 0.0 : 2.0 * (p - 1) / p * model_bytes + 16.0;
+  }
+
+  [[nodiscard]] std::string_view name() const noexcept override { return "async_model_average"; }
+
+  /// Collective: rank 0's weights everywhere, the private communicator, then the thread starts. The
+  /// spans in `params` are read by the thread until finish(): they must stay valid.
+  void start(std::span<const parameter> params) override {
+    if (thread_.joinable())
+      throw usage_error(detail::where(comm_.rank(), name(), "start") + "already started; call finish() first");
+    model_.bind(comm_, name(), params);
+    model_.broadcast_weights(comm_, params);
+    params_.assign(params.begin(), params.end());
+    links_ = comm_.split(0, comm_.rank());
+    // Builds the collective channel of links_ now, on every rank: its lazy construction would
+    // otherwise happen in the thread's first round, under the transport's bootstrap deadline.
+    flexpar::barrier(*links_);
+    snapshot_.assign(model_.size(), 0.0f);
+    average_.assign(model_.size(), 0.0f);
+    {
+      std::lock_guard lk(control_);
+      want_pause_ = want_stop_ = quit_ = paused_ = ended_ = aborted_ = false;
+      error_ = nullptr;
+    }
+    thread_ = std::thread([this] { run(); });
+  }
+
+  /// The optimizer step, under the weights' lock; rethrows an error of the background thread.
+  /// @throws usage_error if `params` are not the spans given to start().
+  void step(std::span<const parameter> params, optimizer& opt) override {
+    check_same(params, "step");
+    rethrow_background_error();
+    std::lock_guard lk(weights_);
+    for (std::size_t i = 0; i < params.size(); ++i) opt.apply(i, params[i].weight, params[i].gradient);
+    steps_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  /// Collective: stops the thread in a common round, then one synchronous average of the weights.
+  /// @throws the background thread's error (e.g. timeout_error when a rank left early).
+  void finish(std::span<const parameter> params) override {
+    check_same(params, "finish");
+    if (!links_) throw usage_error(detail::where(comm_.rank(), name(), "finish") + "not started");
+    {
+      std::lock_guard lk(control_);
+      want_stop_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    rethrow_background_error();
+    if (comm_.size() > 1) {
+      std::vector<float> flat(model_.size());
+      model_.gather_weights(params, flat);
+      flexpar::allreduce(*links_, std::span<float>(flat), reduce_op::avg);
+      model_.scatter_weights(flat, params);
+      bytes_.fetch_add(detail::ring_allreduce_bytes(flat.size(), comm_.size()), std::memory_order_relaxed);
+    }
+  }
+
+  /// Collective: pauses the background averaging on every rank; returns once this rank's thread has
+  /// paused. @throws timeout_error past the communicator's deadline; the thread's error if it failed.
+  void abort() {
+    std::unique_lock lk(control_);
+    if (!thread_.joinable()) throw usage_error(detail::where(comm_.rank(), name(), "abort") + "not started");
+    want_pause_ = aborted_ = true;
+    wake_.notify_all();
+    if (!changed_.wait_until(lk, comm_.default_deadline(), [&] { return paused_ || ended_; }))
+      throw timeout_error(detail::where(comm_.rank(), name(), "abort") +
+                          "the background thread did not pause before the deadline");
+    lk.unlock();
+    rethrow_background_error();
+  }
+
+  /// Collective: resumes the background averaging after abort(); returns once this rank's thread
+  /// has left its pause (its next round waits for every rank's resume()).
+  /// @throws usage_error if this rank did not call abort() since its last resume().
+  void resume() {
+    std::unique_lock lk(control_);
+    if (!aborted_) throw usage_error(detail::where(comm_.rank(), name(), "resume") + "abort() was not called");
+    want_pause_ = aborted_ = false;
+    // Wait for the thread to leave this pause: a count, not paused_, which another rank's abort()
+    // may set again before this thread wakes up.
+    const std::uint64_t before = unpaused_;
+    wake_.notify_all();
+    if (!changed_.wait_until(lk, comm_.default_deadline(), [&] { return !paused_ || unpaused_ != before || ended_; }))
+      throw timeout_error(detail::where(comm_.rank(), name(), "resume") +
+                          "the background thread did not resume before the deadline");
+  }
+
+  /// Background averages completed so far on this rank.
+  [[nodiscard]] std::uint64_t rounds() const noexcept { return rounds_.load(std::memory_order_relaxed); }
+
+  [[nodiscard]] traffic traffic_so_far() const noexcept override {
+    traffic t;
+    t.bytes_sent = bytes_.load(std::memory_order_relaxed);
+    t.steps = steps_.load(std::memory_order_relaxed);
+    t.exchanges = rounds();
+    return t;
+  }
+
+ private:
+  void check_same(std::span<const parameter> params, std::string_view op) const {
+    model_.check(comm_.rank(), op, params);
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (params[i].weight.data() != params_[i].weight.data()) {
+        std::string text = detail::where(comm_.rank(), name(), op);
+        text.append("parameter ")
+            .append(std::to_string(i))
+            .append(" (\"")
+            .append(params[i].name)
+            .append("\") is not the buffer given to start(); the background thread averages those");
+        throw usage_error(text);
+      }
+  }
+
+  void rethrow_background_error() {
+    std::exception_ptr e;
+    {
+      std::lock_guard lk(control_);
+      e = error_;
+    }
+    if (e) std::rethrow_exception(e);
+  }
+
+  void stop_locally() noexcept {
+    {
+      std::lock_guard lk(control_);
+      quit_ = true;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // The background thread (file header: one round).
+  void run() {
+    try {
+      auto next = clock::now() + period_;
+      for (;;) {
+        std::int64_t flags[2] = {0, 0};
+        {
+          std::unique_lock lk(control_);
+          if (paused_)
+            wake_.wait(lk, [&] { return quit_ || want_stop_ || !want_pause_; });
+          else
+            wake_.wait_until(lk, next, [&] { return quit_ || want_stop_ || want_pause_; });
+          if (quit_) break;
+          if (paused_) {
+            paused_ = false;
+            ++unpaused_;
+            changed_.notify_all();
+          }
+          flags[0] = want_pause_ ? 1 : 0;
+          flags[1] = want_stop_ ? 1 : 0;
+        }
+        // step 2: the same decision on every rank.
+        flexpar::allreduce(*links_, std::span<std::int64_t>(flags), reduce_op::max);
+        if (flags[1] != 0) break;
+        if (flags[0] != 0) {
+          std::lock_guard lk(control_);
+          want_pause_ = paused_ = true;  // paused by some rank's abort(): wait for my resume()
+          changed_.notify_all();
+          continue;
+        }
+        {  // step 3
+          std::lock_guard lk(weights_);
+          model_.gather_weights(params_, snapshot_);
+        }
+        average_ = snapshot_;  // step 4
+        flexpar::allreduce(*links_, std::span<float>(average_), reduce_op::avg);
+        {  // step 5
+          std::lock_guard lk(weights_);
+          for (std::size_t k = 0; k < params_.size(); ++k) {
+            const std::size_t at = model_.offset(k);
+            std::span<float> w = params_[k].weight;
+            for (std::size_t i = 0; i < w.size(); ++i) w[i] += average_[at + i] - snapshot_[at + i];
+          }
+        }
+        bytes_.fetch_add(static_cast<std::uint64_t>(
+                             wire_bytes_per_round(static_cast<double>(snapshot_.size()) * 4.0, links_->size())),
+                         std::memory_order_relaxed);
+        rounds_.fetch_add(1, std::memory_order_relaxed);
+        next = clock::now() + period_;
+      }
+    } catch (...) {
+      std::lock_guard lk(control_);
+      error_ = std::current_exception();
+    }
+    std::lock_guard lk(control_);
+    ended_ = true;
+    changed_.notify_all();
+  }
+
+  communicator& comm_;
+  std::chrono::milliseconds period_;
+  detail::flat_model model_;
+  std::vector<parameter> params_;
+  std::optional<communicator> links_;  // used by the background thread only (and finish() after it)
+  std::vector<float> snapshot_, average_;
+
+  std::mutex weights_;  // the weights in params_
+  std::mutex control_;  // the flags below
+  std::condition_variable wake_, changed_;
+  bool want_pause_ = false, want_stop_ = false, quit_ = false, paused_ = false, ended_ = false;
+  bool aborted_ = false;        // abort() called on this rank, resume() not yet
+  std::uint64_t unpaused_ = 0;  // times the thread has left a pause
+  std::exception_ptr error_;
+
+  std::atomic<std::uint64_t> rounds_{0}, bytes_{0}, steps_{0};
+  std::thread thread_;  // last: joined before the members it uses go away
+};
+
+}  // namespace flexpar::relax

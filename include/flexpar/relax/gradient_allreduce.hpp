@@ -1,0 +1,70 @@
+/// @file
+/// @brief gradient_allreduce: the baseline — average the gradients exactly, then step (Horovod, DDP).
+///
+/// Pattern of one step, M = model bytes (f32), p ranks:
+///   step 0: fuse every gradient into one flat buffer (a bucket)          local, M
+///   step 1: allreduce(avg) of the bucket — ring (or halving-doubling, by the cost model), or
+///           hierarchical (intra-node reduce-scatter, inter-node allreduce, intra-node allgather)
+///                                                                        2 (p - 1) / p * M sent per rank
+///   step 2: copy the averages back into the gradients, opt.apply each parameter
+/// Bytes on the wire per step per rank: 2 (p - 1) / p * M (traffic_so_far() counts this ring figure).
+/// Every rank ends each step with bitwise identical weights; finish() has nothing to do.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <flexpar/collective.hpp>
+#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/flat_model.hpp>
+
+namespace flexpar::relax {
+
+/// Average gradients with one fused allreduce per step (file header: pattern, bytes).
+class gradient_allreduce final : public algorithm {
+ public:
+  /// Over `comm` (kept by reference; it must outlive this object). `hierarchical` selects the
+  /// two-level allreduce (needs every node to hold the same number of ranks).
+  explicit gradient_allreduce(communicator& comm, bool hierarchical = false)
+      : comm_(comm), hierarchical_(hierarchical) {}
+
+  /// Bytes one rank sends per step for a model of `model_bytes` on `p` ranks.
+  static constexpr double wire_bytes(double model_bytes, int p) noexcept {
+    return p <= 1 ? 0.0 : 2.0 * (p - 1) / p * model_bytes;
+  }
+
+  [[nodiscard]] std::string_view name() const noexcept override { return "gradient_allreduce"; }
+
+  void start(std::span<const parameter> params) override {
+    model_.bind(comm_, name(), params);
+    model_.broadcast_weights(comm_, params);
+    flat_.assign(model_.size(), 0.0f);
+  }
+
+  void step(std::span<const parameter> params, optimizer& opt) override {
+    model_.check(comm_.rank(), "step", params);
+    model_.gather_gradients(params, flat_);
+    flexpar::allreduce(comm_, std::span<float>(flat_), reduce_op::avg,
+                       hierarchical_ ? flexpar::algorithm::hierarchical : flexpar::algorithm::automatic);
+    model_.scatter_gradients(flat_, params);
+    for (std::size_t i = 0; i < params.size(); ++i) opt.apply(i, params[i].weight, params[i].gradient);
+    traffic_.bytes_sent += detail::ring_allreduce_bytes(flat_.size(), comm_.size());
+    ++traffic_.steps;
+    ++traffic_.exchanges;
+  }
+
+  void finish(std::span<const parameter> params) override { model_.check(comm_.rank(), "finish", params); }
+
+  [[nodiscard]] traffic traffic_so_far() const noexcept override { return traffic_; }
+
+ private:
+  communicator& comm_;
+  bool hierarchical_;
+  detail::flat_model model_;
+  std::vector<float> flat_;
+  traffic traffic_;
+};
+
+}  // namespace flexpar::relax
