@@ -1,0 +1,326 @@
+// samples/fashion_mnist_mlp.cpp — data-parallel training of a 784-256-128-10 MLP on Fashion-MNIST,
+// with any of flexpar's communication relaxations (BAGUA) choosing what crosses the network.
+//
+// Every rank reads the data set (Debian package dataset-fashion-mnist) and keeps its own shard of
+// the 60000 training images; the forward and backward passes are GEMMs through OpenBLAS (one thread
+// per rank); after each backward pass the chosen relaxation communicates and applies the optimizer.
+// One line per epoch (loss, accuracies, median step time, bytes sent), then the final test accuracy
+// of the consensus model:
+//
+//   mpiexec.mpich -n 2 build/samples/fashion_mnist_mlp --algorithm bytegrad --epochs 10
+//
+// Exit status: 0, 1 (an error: each rank prints it), 2 (bad command line), 77 (no data set; ctest
+// counts it as skipped).
+#include <CLI/CLI.hpp>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <flexpar/comm/communicator.hpp>
+#include <flexpar/core/error.hpp>
+#include <flexpar/relax/optimizer.hpp>
+#include <flexpar/relax/registry.hpp>
+
+#include "support/fashion_mnist.hpp"
+#include "support/mlp.hpp"
+
+#ifdef FLEXPAR_SAMPLE_OPENBLAS
+extern "C" void openblas_set_num_threads(int);  // OpenBLAS's own entry point (cblas.h may be another BLAS's)
+#endif
+
+namespace {
+
+namespace fm = flexpar::samples;
+
+struct settings {
+  std::string algorithm = "gradient_allreduce";
+  int epochs = 10;
+  std::size_t batch = 64;  // per rank
+  float lr = 0.05f;
+  float momentum = 0.9f;
+  std::string optimizer = "sgd";
+  std::string schedule = "cosine";
+  std::uint64_t seed = 1;
+  int interval = 1;
+  std::string peers = flexpar::relax::options{}.peers;
+  int warmup = 100;
+  float adam_epsilon = flexpar::relax::adam_options{}.epsilon;
+  std::size_t train_limit = 0;
+  std::size_t test_limit = 0;
+  double min_accuracy = 0;
+  std::string data_dir = fm::fashion_mnist_default_dir().string();
+};
+
+/// Scales the gradient by a learning-rate factor before the wrapped optimizer sees it. With SGD and
+/// momentum this is the schedule applied inside the momentum buffer (b = mu b + s g; w -= lr b),
+/// which for a smooth schedule such as the cosine one here behaves like scaling lr itself.
+class scheduled_optimizer final : public flexpar::relax::optimizer {
+ public:
+  explicit scheduled_optimizer(flexpar::relax::optimizer& inner) : inner_(inner) {}
+  void set_factor(float f) noexcept { factor_ = f; }
+  void apply(std::size_t index, std::span<float> weight, std::span<const float> gradient) override {
+    if (factor_ == 1.0f) return inner_.apply(index, weight, gradient);
+    scratch_.resize(gradient.size());
+    for (std::size_t i = 0; i < gradient.size(); ++i) scratch_[i] = gradient[i] * factor_;
+    inner_.apply(index, weight, scratch_);
+  }
+
+ private:
+  flexpar::relax::optimizer& inner_;
+  float factor_ = 1.0f;
+  std::vector<float> scratch_;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+/// Sum over ranks of (loss, correct, examples).
+fm::batch_result sum_over_ranks(const fm::batch_result& r) {
+  double in[3] = {r.loss_sum, static_cast<double>(r.correct), static_cast<double>(r.examples)}, out[3] = {};
+  MPI_Allreduce(in, out, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return {out[0], static_cast<std::size_t>(out[1]), static_cast<std::size_t>(out[2])};
+}
+
+/// Loss/accuracy of this rank's model on `set` (already normalized into `x`).
+fm::batch_result evaluate(fm::mlp& model, const std::vector<float>& x, const fm::fashion_mnist_set& set) {
+  fm::batch_result r;
+  constexpr std::size_t chunk = 1000;
+  const std::size_t px = set.pixels();
+  for (std::size_t s = 0; s < set.count; s += chunk) {
+    const std::size_t n = std::min(chunk, set.count - s);
+    model.evaluate(std::span(x).subspan(s * px, n * px), std::span(set.labels).subspan(s, n), n, r);
+  }
+  return r;
+}
+
+int train(const settings& opt) {
+  auto comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD, flexpar::config::from_environment(),
+                                              flexpar::thread_need::multiple);
+  const int rank = comm.rank(), size = comm.size();
+
+  // Data: every rank reads the files and keeps its shard of the training set and of the test set.
+  fm::fashion_mnist_set train_all = fm::load_fashion_mnist(fm::fashion_mnist_split::train, opt.data_dir);
+  fm::fashion_mnist_set test_all = fm::load_fashion_mnist(fm::fashion_mnist_split::test, opt.data_dir);
+  if (opt.train_limit != 0) train_all = train_all.first(opt.train_limit);
+  if (opt.test_limit != 0) test_all = test_all.first(opt.test_limit);
+  const fm::fashion_mnist_set train_set = train_all.shard(rank, size);
+  const fm::fashion_mnist_set test_set = test_all.shard(rank, size);
+  // Every rank takes the same number of steps (the collectives need it): the smallest shard's.
+  const std::size_t steps_per_epoch = train_all.count / static_cast<std::size_t>(size) / opt.batch;
+  if (steps_per_epoch == 0) {
+    std::string text = "fashion_mnist_mlp: ";
+    text.append(std::to_string(train_all.count))
+        .append(" training images over ")
+        .append(std::to_string(size))
+        .append(" ranks give no full batch of ")
+        .append(std::to_string(opt.batch));
+    throw flexpar::usage_error(text);
+  }
+  const std::size_t px = train_set.pixels();
+  std::vector<float> train_x(train_set.images.size()), test_x(test_set.images.size());
+  fm::normalize_pixels(train_set.images, train_x);
+  fm::normalize_pixels(test_set.images, test_x);
+
+  // Model: the same seed on every rank; start() makes every replica rank 0's anyway.
+  fm::mlp model({px, 256, 128, 10}, opt.seed);
+  std::vector<flexpar::relax::parameter> params;
+  for (std::size_t l = 0; l < model.layers(); ++l) {
+    std::string layer = "fc";
+    layer.append(std::to_string(l + 1));
+    params.push_back({std::string(layer).append(".weight"), model.weight(l), model.weight_grad(l)});
+    params.push_back({std::string(layer).append(".bias"), model.bias(l), model.bias_grad(l)});
+  }
+
+  if ((opt.algorithm == "onebit_adam" || opt.algorithm == "qadam") && opt.optimizer != "adam") {
+    std::string text = "fashion_mnist_mlp: ";
+    text.append(opt.algorithm).append(
+        " applies its own Adam (options::adam): pass --optimizer adam with an Adam learning rate, e.g. --lr 0.001");
+    throw flexpar::usage_error(text);
+  }
+  std::unique_ptr<flexpar::relax::optimizer> base;
+  if (opt.optimizer == "sgd")
+    base = std::make_unique<flexpar::relax::sgd>(flexpar::relax::sgd_options{.learning_rate = opt.lr, .momentum = opt.momentum});
+  else
+    base = std::make_unique<flexpar::relax::adam>(
+        flexpar::relax::adam_options{.learning_rate = opt.lr, .epsilon = opt.adam_epsilon});
+  scheduled_optimizer optimizer(*base);
+
+  flexpar::relax::options ropt;
+  ropt.interval = opt.interval;
+  ropt.peers = opt.peers;
+  ropt.warmup_steps = opt.warmup;
+  ropt.adam.learning_rate = opt.lr;
+  ropt.adam.epsilon = opt.adam_epsilon;  // onebit_adam and qadam own their Adam (they ignore `optimizer`)
+  auto algo = flexpar::relax::make(opt.algorithm, comm, ropt);
+  algo->start(params);
+
+  if (rank == 0)
+    std::printf("fashion_mnist_mlp: %s on %d ranks, MLP 784-256-128-10 (%zu parameters), %zu images per rank, "
+                "batch %zu per rank, %zu steps per epoch, %s lr %g (%s)\n",
+                std::string(algo->name()).c_str(), size, model.parameter_count(), train_set.count, opt.batch,
+                steps_per_epoch, opt.optimizer.c_str(), static_cast<double>(opt.lr), opt.schedule.c_str());
+
+  std::vector<std::size_t> order(train_set.count);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::vector<float> batch_x(opt.batch * px);
+  std::vector<std::uint8_t> batch_y(opt.batch);
+  const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(opt.epochs);
+  std::size_t step_index = 0;
+  double train_seconds = 0;
+  std::vector<double> all_step_ms, all_comm_ms;
+  using clock = std::chrono::steady_clock;
+
+  for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
+    std::seed_seq seq{opt.seed, static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(epoch)};
+    std::mt19937_64 rng(seq);
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::uint64_t bytes_before = algo->traffic_so_far().bytes_sent;
+    std::vector<double> step_ms, comm_ms;
+    fm::batch_result seen;
+    const auto epoch_start = clock::now();
+    for (std::size_t s = 0; s < steps_per_epoch; ++s, ++step_index) {
+      for (std::size_t i = 0; i < opt.batch; ++i) {
+        const std::size_t k = order[s * opt.batch + i];
+        std::copy_n(train_x.begin() + static_cast<std::ptrdiff_t>(k * px), px,
+                    batch_x.begin() + static_cast<std::ptrdiff_t>(i * px));
+        batch_y[i] = train_set.labels[k];
+      }
+      if (opt.schedule == "cosine")
+        optimizer.set_factor(0.5f * (1.0f + std::cos(3.14159265f * static_cast<float>(step_index) /
+                                                     static_cast<float>(total_steps))));
+      const auto t0 = clock::now();
+      model.train_step(batch_x, batch_y, opt.batch, seen);
+      const auto t1 = clock::now();
+      algo->step(params, optimizer);
+      const auto t2 = clock::now();
+      step_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+      comm_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+    train_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
+    all_step_ms.insert(all_step_ms.end(), step_ms.begin(), step_ms.end());
+    all_comm_ms.insert(all_comm_ms.end(), comm_ms.begin(), comm_ms.end());
+
+    // Each rank scores its own replica on its test shard (replicas differ between exchanges for
+    // decentralized and local algorithms; the final line below scores the consensus model).
+    const fm::batch_result train_r = sum_over_ranks(seen);
+    const fm::batch_result test_r = sum_over_ranks(evaluate(model, test_x, test_set));
+    double sent = static_cast<double>(algo->traffic_so_far().bytes_sent - bytes_before), sent_sum = 0;
+    MPI_Allreduce(&sent, &sent_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0)
+      std::printf("epoch %2d/%d  loss %.4f  train accuracy %.4f  test accuracy %.4f  step %.2f ms (comm %.2f ms)  "
+                  "sent %.1f MB/rank  time %.1f s\n",
+                  epoch, opt.epochs, train_r.loss_sum / static_cast<double>(train_r.examples),
+                  static_cast<double>(train_r.correct) / static_cast<double>(train_r.examples),
+                  static_cast<double>(test_r.correct) / static_cast<double>(test_r.examples), median(step_ms),
+                  median(comm_ms), sent_sum / size / 1e6, train_seconds);
+    std::fflush(stdout);
+  }
+
+  algo->finish(params);
+
+  // Consensus check: after finish() every replica must be rank 0's (bitwise).
+  std::vector<float> root_weights;
+  for (std::size_t l = 0; l < model.layers(); ++l) {
+    root_weights.insert(root_weights.end(), model.weight(l).begin(), model.weight(l).end());
+    root_weights.insert(root_weights.end(), model.bias(l).begin(), model.bias(l).end());
+  }
+  std::vector<float> mine = root_weights;
+  MPI_Bcast(root_weights.data(), static_cast<int>(root_weights.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  int differ = std::equal(mine.begin(), mine.end(), root_weights.begin()) ? 0 : 1, ranks_differ = 0;
+  MPI_Allreduce(&differ, &ranks_differ, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+
+  const fm::batch_result test_r = sum_over_ranks(evaluate(model, test_x, test_set));
+  const flexpar::relax::traffic t = algo->traffic_so_far();
+  const double accuracy = static_cast<double>(test_r.correct) / static_cast<double>(test_r.examples);
+  if (rank == 0) {
+    if (ranks_differ != 0)
+      std::printf("replicas differ after finish() on %d of %d ranks; the accuracy below is each rank's own replica\n",
+                  ranks_differ, size);
+    else
+      std::printf("replicas identical on all %d ranks after finish()\n", size);
+    std::printf("summary algorithm=%s ranks=%d epochs=%d steps=%llu exchanges=%llu bytes_per_rank=%llu "
+                "step_ms=%.3f comm_ms=%.3f train_s=%.2f test_accuracy=%.4f\n",
+                std::string(algo->name()).c_str(), size, opt.epochs, static_cast<unsigned long long>(t.steps),
+                static_cast<unsigned long long>(t.exchanges), static_cast<unsigned long long>(t.bytes_sent),
+                median(all_step_ms), median(all_comm_ms), train_seconds, accuracy);
+    std::printf("final test accuracy %.4f\n", accuracy);
+  }
+  if (accuracy < opt.min_accuracy) {
+    if (rank == 0)
+      std::printf("FAILED: final test accuracy %.4f is below --min-accuracy %.4f\n", accuracy, opt.min_accuracy);
+    return 1;
+  }
+  return ranks_differ != 0 ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  settings opt;
+  CLI::App app{"fashion_mnist_mlp: data-parallel MLP on Fashion-MNIST with a flexpar relaxation"};
+  std::string names;
+  for (std::string_view n : flexpar::relax::algorithm_names()) names.append(names.empty() ? "" : ", ").append(n);
+  app.add_option("--algorithm", opt.algorithm, names)->capture_default_str();
+  app.add_option("--epochs", opt.epochs, "passes over the training set")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--batch", opt.batch, "examples per step per rank")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", opt.lr, "learning rate (peak of the schedule)")->capture_default_str();
+  app.add_option("--momentum", opt.momentum, "SGD momentum")->capture_default_str();
+  app.add_option("--optimizer", opt.optimizer, "sgd or adam")->capture_default_str()->check(CLI::IsMember({"sgd", "adam"}));
+  app.add_option("--schedule", opt.schedule, "cosine (decay to 0 over the run; sgd only) or constant")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cosine", "constant"}));
+  app.add_option("--seed", opt.seed, "initial weights and shuffling")->capture_default_str();
+  app.add_option("--interval", opt.interval, "communication interval k (decentralized, local_sgd)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--peers", opt.peers, "decentralized peers: all, shift_one, ring")->capture_default_str();
+  app.add_option("--adam-epsilon", opt.adam_epsilon, "Adam's epsilon (adam, onebit_adam, qadam)")->capture_default_str();
+  app.add_option("--warmup", opt.warmup, "onebit_adam, qadam: full-precision Adam steps first")->capture_default_str();
+  app.add_option("--train-limit", opt.train_limit, "use only the first N training images (0 = all)")->capture_default_str();
+  app.add_option("--test-limit", opt.test_limit, "use only the first N test images (0 = all)")->capture_default_str();
+  app.add_option("--min-accuracy", opt.min_accuracy, "exit with status 1 if the final test accuracy is below this")
+      ->capture_default_str();
+  app.add_option("--data-dir", opt.data_dir, "folder of the four IDX .gz files (or FLEXPAR_FASHION_MNIST_DIR)")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (opt.optimizer == "adam" && opt.schedule == "cosine") opt.schedule = "constant";  // Adam is scale-invariant
+
+#ifdef FLEXPAR_SAMPLE_OPENBLAS
+  openblas_set_num_threads(1);  // one BLAS thread per rank: ranks already fill the cores
+#endif
+
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int status = 0;
+  if (!fm::fashion_mnist_present(opt.data_dir)) {
+    if (rank == 0)
+      std::fprintf(stderr, "fashion_mnist_mlp: Fashion-MNIST not found in %s (install dataset-fashion-mnist); skipping\n",
+                   opt.data_dir.c_str());
+    status = 77;
+  } else {
+    try {
+      status = train(opt);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fashion_mnist_mlp: rank %d: %s\n", rank, e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);  // the other ranks may be waiting in a collective
+    }
+  }
+  MPI_Finalize();
+  return status;
+}
