@@ -1,0 +1,293 @@
+// The op graph: builders, reference models and JSON (nlohmann-json stays inside libflexpar).
+#include <flexpar/core/error.hpp>
+#include <flexpar/search/graph.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <utility>
+
+namespace flexpar::search {
+
+namespace {
+constexpr double f32 = 4;
+
+std::string numbered(std::string_view prefix, std::size_t n) {
+  std::string s(prefix);
+  return s.append(std::to_string(n));
+}
+
+std::string op_context(std::string_view what, std::size_t i, std::string_view name) {
+  std::string s("search::");
+  s.append(what).append(": op ").append(std::to_string(i)).append(" '").append(name).append("': ");
+  return s;
+}
+}  // namespace
+
+std::string_view name_of(op_kind k) noexcept {
+  switch (k) {
+    case op_kind::linear: return "linear";
+    case op_kind::conv2d: return "conv2d";
+    case op_kind::embedding: return "embedding";
+    case op_kind::attention: return "attention";
+    case op_kind::elementwise: return "elementwise";
+  }
+  return "?";
+}
+
+std::size_t graph::add(op o) {
+  const std::size_t i = ops.size();
+  for (std::size_t in : o.inputs)
+    if (in >= i)
+      throw usage_error(op_context("graph::add", i, o.name)
+                            .append("input ")
+                            .append(std::to_string(in))
+                            .append(" is not an earlier op (the graph has ")
+                            .append(std::to_string(i))
+                            .append(" ops; ops are added in topological order)"));
+  for (const op& x : ops)
+    if (x.name == o.name)
+      throw usage_error(op_context("graph::add", i, o.name).append("the name is taken"));
+  if (o.batch == 0 || o.out_channels == 0 || o.spatial == 0 || o.in_channels == 0)
+    throw usage_error(op_context("graph::add", i, o.name).append("batch, channels and spatial must be >= 1"));
+  ops.push_back(std::move(o));
+  return i;
+}
+
+std::vector<std::size_t> graph::consumers(std::size_t i) const {
+  std::vector<std::size_t> out;
+  for (std::size_t j = i + 1; j < ops.size(); ++j)
+    if (std::find(ops[j].inputs.begin(), ops[j].inputs.end(), i) != ops[j].inputs.end()) out.push_back(j);
+  return out;
+}
+
+double graph::output_bytes(std::size_t i) const {
+  const op& o = ops[i];
+  return static_cast<double>(o.batch * o.out_channels * o.spatial * element_bytes);
+}
+
+namespace make {
+op linear(std::string name, std::size_t batch, std::size_t in, std::size_t out, std::size_t positions) {
+  op o;
+  o.name = std::move(name);
+  o.kind = op_kind::linear;
+  o.batch = batch;
+  o.in_channels = in;
+  o.out_channels = out;
+  o.spatial = positions;
+  o.forward_flops = 2.0 * double(batch) * double(positions) * double(in) * double(out);
+  o.param_bytes = f32 * double(in) * double(out);
+  return o;
+}
+op conv2d(std::string name, std::size_t batch, std::size_t cin, std::size_t cout, std::size_t hw, std::size_t k) {
+  op o;
+  o.name = std::move(name);
+  o.kind = op_kind::conv2d;
+  o.batch = batch;
+  o.in_channels = cin;
+  o.out_channels = cout;
+  o.spatial = hw;
+  o.forward_flops = 2.0 * double(batch) * double(hw) * double(cin) * double(cout) * double(k * k);
+  o.param_bytes = f32 * double(cin) * double(cout) * double(k * k);
+  return o;
+}
+op embedding(std::string name, std::size_t batch, std::size_t vocab, std::size_t dim, std::size_t lookups) {
+  op o;
+  o.name = std::move(name);
+  o.kind = op_kind::embedding;
+  o.batch = batch;
+  o.in_channels = vocab;
+  o.out_channels = dim;
+  o.spatial = 1;
+  o.forward_flops = double(batch) * double(lookups) * double(dim);
+  o.param_bytes = f32 * double(vocab) * double(dim);
+  return o;
+}
+op attention(std::string name, std::size_t batch, std::size_t hidden, std::size_t seq) {
+  op o;
+  o.name = std::move(name);
+  o.kind = op_kind::attention;
+  o.batch = batch;
+  o.in_channels = hidden;
+  o.out_channels = hidden;
+  o.spatial = seq;
+  const double n = double(batch), d = double(hidden), s = double(seq);
+  o.forward_flops = 2.0 * n * s * 4.0 * d * d + 4.0 * n * s * s * d;
+  o.param_bytes = f32 * 4.0 * d * d;
+  return o;
+}
+op elementwise(std::string name, std::size_t batch, std::size_t channels, std::size_t spatial,
+               double flops_per_element) {
+  op o;
+  o.name = std::move(name);
+  o.kind = op_kind::elementwise;
+  o.batch = batch;
+  o.in_channels = channels;
+  o.out_channels = channels;
+  o.spatial = spatial;
+  o.forward_flops = flops_per_element * double(batch) * double(channels) * double(spatial);
+  return o;
+}
+}  // namespace make
+
+namespace reference {
+namespace {
+op with_inputs(op o, std::vector<std::size_t> inputs) {
+  o.inputs = std::move(inputs);
+  return o;
+}
+}  // namespace
+
+graph mlp(std::size_t batch, const std::vector<std::size_t>& widths) {
+  if (widths.size() < 2) throw usage_error("search::reference::mlp: needs at least two widths (input and output)");
+  graph g;
+  g.name = "mlp";
+  std::vector<std::size_t> prev;
+  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
+    const std::size_t fc = g.add(with_inputs(make::linear(numbered("fc", l + 1), batch, widths[l], widths[l + 1]), prev));
+    prev = {fc};
+    if (l + 2 < widths.size())
+      prev = {g.add(with_inputs(make::elementwise(numbered("relu", l + 1), batch, widths[l + 1], 1), prev))};
+  }
+  return g;
+}
+
+graph cnn(std::size_t batch) {
+  graph g;
+  g.name = "cnn";
+  struct conv_layer {
+    const char* name;
+    std::size_t cin, cout, hw, k;
+    const char* pool;
+    std::size_t pooled_hw;
+  };
+  const conv_layer layers[] = {{"conv1", 3, 64, 55 * 55, 11, "pool1", 27 * 27},
+                               {"conv2", 64, 192, 27 * 27, 5, "pool2", 13 * 13},
+                               {"conv3", 192, 384, 13 * 13, 3, nullptr, 0},
+                               {"conv4", 384, 256, 13 * 13, 3, nullptr, 0},
+                               {"conv5", 256, 256, 13 * 13, 3, "pool5", 6 * 6}};
+  std::vector<std::size_t> prev;
+  for (const conv_layer& c : layers) {
+    prev = {g.add(with_inputs(make::conv2d(c.name, batch, c.cin, c.cout, c.hw, c.k), prev))};
+    if (c.pool) prev = {g.add(with_inputs(make::elementwise(c.pool, batch, c.cout, c.pooled_hw, 9), prev))};
+  }
+  prev = {g.add(with_inputs(make::linear("fc6", batch, 256 * 36, 4096), prev))};
+  prev = {g.add(with_inputs(make::elementwise("relu6", batch, 4096, 1), prev))};
+  prev = {g.add(with_inputs(make::linear("fc7", batch, 4096, 4096), prev))};
+  prev = {g.add(with_inputs(make::elementwise("relu7", batch, 4096, 1), prev))};
+  prev = {g.add(with_inputs(make::linear("fc8", batch, 4096, 1000), prev))};
+  g.add(with_inputs(make::elementwise("softmax", batch, 1000, 1, 5), prev));
+  return g;
+}
+
+graph transformer(std::size_t layers, std::size_t batch, std::size_t seq, std::size_t hidden) {
+  graph g;
+  g.name = "transformer";
+  std::size_t x = g.add(make::elementwise("input_norm", batch, hidden, seq, 5));
+  for (std::size_t l = 0; l < layers; ++l) {
+    const std::string p = numbered("l", l).append(".");
+    const std::size_t attn = g.add(with_inputs(make::attention(p + "attention", batch, hidden, seq), {x}));
+    const std::size_t res1 = g.add(with_inputs(make::elementwise(p + "residual1", batch, hidden, seq, 5), {attn, x}));
+    const std::size_t ffn1 = g.add(with_inputs(make::linear(p + "ffn1", batch, hidden, 4 * hidden, seq), {res1}));
+    const std::size_t gelu = g.add(with_inputs(make::elementwise(p + "gelu", batch, 4 * hidden, seq, 8), {ffn1}));
+    const std::size_t ffn2 = g.add(with_inputs(make::linear(p + "ffn2", batch, 4 * hidden, hidden, seq), {gelu}));
+    x = g.add(with_inputs(make::elementwise(p + "residual2", batch, hidden, seq, 5), {ffn2, res1}));
+  }
+  const std::size_t head = g.add(with_inputs(make::linear("head", batch, hidden, 1000, seq), {x}));
+  g.add(with_inputs(make::elementwise("loss", batch, 1000, seq, 5), {head}));
+  return g;
+}
+
+graph dlrm(std::size_t batch, std::size_t tables, std::size_t vocab) {
+  graph g;
+  g.name = "dlrm";
+  constexpr std::size_t dim = 64;
+  std::vector<std::size_t> features;
+  for (std::size_t t = 0; t < tables; ++t)
+    features.push_back(g.add(make::embedding(numbered("table", t), batch, vocab, dim, 8)));
+  std::size_t b = g.add(make::linear("bottom1", batch, 13, 512));
+  b = g.add(with_inputs(make::elementwise("bottom_relu1", batch, 512, 1), {b}));
+  b = g.add(with_inputs(make::linear("bottom2", batch, 512, 256), {b}));
+  b = g.add(with_inputs(make::elementwise("bottom_relu2", batch, 256, 1), {b}));
+  b = g.add(with_inputs(make::linear("bottom3", batch, 256, dim), {b}));
+  features.push_back(b);
+  const std::size_t pairs = (tables + 1) * tables / 2 + dim;
+  op inter = make::elementwise("interaction", batch, pairs, 1, 2.0 * double(dim));
+  inter.inputs = features;
+  std::size_t t = g.add(std::move(inter));
+  t = g.add(with_inputs(make::linear("top1", batch, pairs, 1024), {t}));
+  t = g.add(with_inputs(make::elementwise("top_relu1", batch, 1024, 1), {t}));
+  t = g.add(with_inputs(make::linear("top2", batch, 1024, 1024), {t}));
+  t = g.add(with_inputs(make::elementwise("top_relu2", batch, 1024, 1), {t}));
+  t = g.add(with_inputs(make::linear("top3", batch, 1024, 1), {t}));
+  return g;
+}
+}  // namespace reference
+
+std::string to_json(const graph& g) {
+  nlohmann::json j;
+  j["name"] = g.name;
+  j["element_bytes"] = g.element_bytes;
+  nlohmann::json ops = nlohmann::json::array();
+  for (const op& o : g.ops) {
+    ops.push_back({{"name", o.name},
+                   {"kind", std::string(name_of(o.kind))},
+                   {"inputs", o.inputs},
+                   {"batch", o.batch},
+                   {"in_channels", o.in_channels},
+                   {"out_channels", o.out_channels},
+                   {"spatial", o.spatial},
+                   {"forward_flops", o.forward_flops},
+                   {"param_bytes", o.param_bytes}});
+  }
+  j["ops"] = std::move(ops);
+  return j.dump(1);
+}
+
+graph graph_from_json(std::string_view text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw usage_error(std::string("search::graph_from_json: not JSON: ").append(e.what()));
+  }
+  graph g;
+  if (!j.is_object() || !j.contains("ops") || !j["ops"].is_array())
+    throw usage_error("search::graph_from_json: expected an object with an \"ops\" array");
+  g.name = j.value("name", std::string("graph"));
+  g.element_bytes = j.value("element_bytes", std::size_t{4});
+  std::size_t i = 0;
+  for (const nlohmann::json& jo : j["ops"]) {
+    op o;
+    const std::string name = jo.is_object() ? jo.value("name", std::string()) : std::string();
+    try {
+      o.name = jo.at("name").get<std::string>();
+      const std::string kind = jo.at("kind").get<std::string>();
+      bool known = false;
+      for (op_kind k : {op_kind::linear, op_kind::conv2d, op_kind::embedding, op_kind::attention, op_kind::elementwise})
+        if (name_of(k) == kind) {
+          o.kind = k;
+          known = true;
+        }
+      if (!known)
+        throw usage_error(op_context("graph_from_json", i, name)
+                              .append("kind '")
+                              .append(kind)
+                              .append("' is not one of linear, conv2d, embedding, attention, elementwise"));
+      o.inputs = jo.value("inputs", std::vector<std::size_t>{});
+      o.batch = jo.at("batch").get<std::size_t>();
+      o.in_channels = jo.at("in_channels").get<std::size_t>();
+      o.out_channels = jo.at("out_channels").get<std::size_t>();
+      o.spatial = jo.value("spatial", std::size_t{1});
+      o.forward_flops = jo.at("forward_flops").get<double>();
+      o.param_bytes = jo.value("param_bytes", 0.0);
+    } catch (const nlohmann::json::exception& e) {
+      throw usage_error(op_context("graph_from_json", i, name).append(e.what()));
+    }
+    g.add(std::move(o));
+    ++i;
+  }
+  return g;
+}
+
+}  // namespace flexpar::search
