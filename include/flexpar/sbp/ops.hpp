@@ -39,12 +39,15 @@ namespace flexpar::sbp {
 struct signature_result {
   bool ok = false;       ///< a signature exists
   parallel out{};        ///< the output SBP (when ok)
+  /// No signature.
   static constexpr signature_result none() noexcept { return {}; }
+  /// The signature's output is `p`.
   static constexpr signature_result of(parallel p) noexcept { return {true, p}; }
 };
 
 /// The op signature tables of the header comment, one mesh axis at a time.
 namespace signature {
+/// P(sum)?
 constexpr bool is_sum(const parallel& p) noexcept { return p.is_partial() && p.op == reduce_op::sum; }
 
 /// matmul(a [m,k], b [k,n]).

@@ -36,8 +36,11 @@ struct parallel {
   /// P(op).
   static constexpr parallel P(reduce_op o = reduce_op::sum) noexcept { return {kind::partial, 0, o}; }
 
+  /// S(i)?
   [[nodiscard]] constexpr bool is_split() const noexcept { return what == kind::split; }
+  /// B?
   [[nodiscard]] constexpr bool is_broadcast() const noexcept { return what == kind::broadcast; }
+  /// P(op)?
   [[nodiscard]] constexpr bool is_partial() const noexcept { return what == kind::partial; }
   /// Equal as layouts (the axis matters for split only, the op for partial only).
   friend constexpr bool operator==(const parallel& a, const parallel& b) noexcept {
@@ -74,7 +77,9 @@ struct nd_parallel {
   std::array<parallel, max_mesh_rank> axes{};  ///< entries [0, rank) are used
   std::size_t rank = 1;                        ///< mesh axes
 
+  /// The SBP of mesh axis d.
   [[nodiscard]] constexpr const parallel& operator[](std::size_t d) const noexcept { return axes[d]; }
+  /// The SBP of mesh axis d.
   [[nodiscard]] constexpr parallel& operator[](std::size_t d) noexcept { return axes[d]; }
   /// True when some mesh axis holds partial values.
   [[nodiscard]] constexpr bool any_partial() const noexcept {
@@ -82,6 +87,7 @@ struct nd_parallel {
       if (axes[d].is_partial()) return true;
     return false;
   }
+  /// Same rank and the same layout on every mesh axis.
   friend constexpr bool operator==(const nd_parallel& a, const nd_parallel& b) noexcept {
     if (a.rank != b.rank) return false;
     for (std::size_t d = 0; d < a.rank; ++d)
@@ -127,6 +133,7 @@ struct partial {
 /// P(sum), the common case (a row-parallel matmul's output, a gradient before its allreduce).
 using partial_sum = partial<reduce_op::sum>;
 
+/// True for the one-axis SBP types (split, broadcast, partial).
 template <class T>
 struct is_parallel : std::false_type {};
 template <int I>
@@ -136,7 +143,7 @@ struct is_parallel<broadcast> : std::true_type {};
 template <reduce_op Op>
 struct is_parallel<partial<Op>> : std::true_type {};
 
-/// One of split<I>, broadcast, partial<Op>.
+/// One of `split<I>`, `broadcast`, `partial<Op>`.
 template <class T>
 concept one_axis_sbp = is_parallel<T>::value;
 
