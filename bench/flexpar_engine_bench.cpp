@@ -20,14 +20,11 @@
 #include <flexpar/collective.hpp>
 #include <flexpar/engine/engine.hpp>
 
+#include "bench_timing.hpp"
+
 namespace {
 
-double median_of_slowest(std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  double mine = samples[samples.size() / 2], slowest = 0;
-  MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return slowest;
-}
+using flexpar::bench::median_of_slowest;
 
 double time_steps(int steps, const std::function<void()>& step) {
   std::vector<double> samples;

@@ -14,6 +14,8 @@
 #include <flexpar/sbp/sbp.hpp>
 #include <flexpar/transport/inproc.hpp>
 
+#include "support/test_config.hpp"
+
 #include "boxing_checks.hpp"
 
 // GCC 12 pairs the replaced operator new/delete below with std::free and warns wrongly.
@@ -23,24 +25,35 @@
 namespace {
 thread_local std::uint64_t allocations_here = 0;
 }
-void* operator new(std::size_t n) {
+// Every replaceable form of new and delete goes through malloc and free, so that sanitizers see matching
+// pairs whichever form the standard library uses (std::stable_sort's buffer uses the nothrow form).
+namespace {
+void* counted_allocation(std::size_t n) noexcept {
   ++allocations_here;
-  if (void* p = std::malloc(n ? n : 1)) return p;
+  return std::malloc(n ? n : 1);
+}
+}  // namespace
+void* operator new(std::size_t n) {
+  if (void* p = counted_allocation(n)) return p;
   throw std::bad_alloc();
 }
+void* operator new[](std::size_t n) {
+  if (void* p = counted_allocation(n)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted_allocation(n); }
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted_allocation(n); }
 void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace flexpar::sbp {
 namespace {
 
 using namespace testing_support;
-
-config test_config() {
-  config c;
-  c.timeout = std::chrono::seconds(60);
-  return c;
-}
 
 class boxing_1d : public ::testing::TestWithParam<int> {};
 
@@ -59,7 +72,7 @@ TEST_P(boxing_1d, every_pair_gives_back_the_logical_tensor) {
           check_pair<float, From, To>(mesh, {6, 2}, ++salt);
         });
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 INSTANTIATE_TEST_SUITE_P(worlds, boxing_1d, ::testing::Values(1, 2, 3, 4),
@@ -92,7 +105,7 @@ TEST(boxing, identity_allocates_and_copies_nothing) {
         EXPECT_EQ(made, 0u) << "identity boxing allocated";
         EXPECT_EQ(moved.to_full(), full);
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 TEST(boxing, scatter_from_a_root_equals_from_full) {
@@ -110,7 +123,7 @@ TEST(boxing, scatter_from_a_root_equals_from_full) {
           EXPECT_EQ(t.to_full(), full);
         }
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 TEST(boxing, cost_comes_from_the_collectives) {
@@ -131,7 +144,7 @@ TEST(boxing, cost_comes_from_the_collectives) {
         EXPECT_EQ((boxing_cost<broadcast, split<0>>(shape, mesh).wire_bytes), 0.0);
         EXPECT_EQ((boxing_cost<split<1>, split<1>>(shape, mesh).wire_bytes), 0.0);
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 TEST(boxing, names_follow_oneflow) {
@@ -165,7 +178,7 @@ TEST(boxing, bad_input_is_a_clear_error) {
         }
         EXPECT_THROW(placement<2>(comm, {2, 2}), usage_error);
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 }  // namespace

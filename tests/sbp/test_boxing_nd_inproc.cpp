@@ -6,18 +6,14 @@
 #include <flexpar/sbp/sbp.hpp>
 #include <flexpar/transport/inproc.hpp>
 
+#include "support/test_config.hpp"
+
 #include "boxing_checks.hpp"
 
 namespace flexpar::sbp {
 namespace {
 
 using namespace testing_support;
-
-config test_config() {
-  config c;
-  c.timeout = std::chrono::seconds(60);
-  return c;
-}
 
 class boxing_2d : public ::testing::TestWithParam<std::array<int, 2>> {};
 
@@ -33,7 +29,7 @@ TEST_P(boxing_2d, every_nd_route_gives_back_the_logical_tensor) {
             check_pair<std::int64_t, From, To>(mesh, shape, ++salt);
           });
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 INSTANTIATE_TEST_SUITE_P(meshes, boxing_2d,

@@ -8,14 +8,10 @@
 #include <flexpar/sbp/sbp.hpp>
 #include <flexpar/transport/inproc.hpp>
 
+#include "support/test_config.hpp"
+
 namespace flexpar::sbp {
 namespace {
-
-config test_config() {
-  config c;
-  c.timeout = std::chrono::seconds(60);
-  return c;
-}
 
 template <class T>
 std::vector<T> values(std::size_t n, int salt) {
@@ -155,7 +151,7 @@ TEST_P(ops_1d, every_signature_matches_the_serial_op) {
         auto ta = global_tensor<float, broadcast>::from_full(mesh, {2, 3}, values<float>(6, 1));
         EXPECT_THROW((void)matmul(ta, ta), usage_error);  // [2,3] x [2,3]
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 INSTANTIATE_TEST_SUITE_P(worlds, ops_1d, ::testing::Values(1, 2, 3, 4),
@@ -179,7 +175,7 @@ TEST(ops_2d, nd_signatures_compose_per_mesh_axis) {
                                     std::declval<global_tensor<float, sbp<broadcast, split<0>>>&>()));
         static_assert(std::is_same_v<out::sbp_type, sbp<split<0>, partial_sum>>);
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 }  // namespace

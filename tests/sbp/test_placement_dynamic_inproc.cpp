@@ -6,14 +6,10 @@
 #include <flexpar/sbp/sbp.hpp>
 #include <flexpar/transport/inproc.hpp>
 
+#include "support/test_config.hpp"
+
 namespace flexpar::sbp {
 namespace {
-
-config test_config() {
-  config c;
-  c.timeout = std::chrono::seconds(60);
-  return c;
-}
 
 std::vector<int> values(std::size_t n, int salt) {
   std::vector<int> v(n);
@@ -53,7 +49,7 @@ TEST(placement_change, n_to_m_ranks_keeps_the_logical_tensor) {
           check_move<sbp<partial_sum, split<0>>, sbp<split<1>, partial_sum>>(grid, grid, shape, ++salt);
         }
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 TEST(dynamic_form, boxes_to_run_time_targets) {
@@ -84,7 +80,7 @@ TEST(dynamic_form, boxes_to_run_time_targets) {
         using grid_tensor = dynamic_tensor<int, 2>;
         EXPECT_THROW((void)grid_tensor::from_full(grid, shape, one_axis, full), usage_error);
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 TEST(dynamic_form, matmul_picks_the_cheapest_signature) {
@@ -118,7 +114,7 @@ TEST(dynamic_form, matmul_picks_the_cheapest_signature) {
         EXPECT_EQ(z1.layout(), (nd_parallel{{parallel::P()}, 1}));
         EXPECT_EQ(z1.to_full(), c);
       },
-      test_config());
+      flexpar::testing_support::with_timeout());
 }
 
 }  // namespace

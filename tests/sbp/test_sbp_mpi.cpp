@@ -43,7 +43,9 @@ TEST(sbp_mpi, placement_change_and_the_partial_sum_match_mpi) {
   const std::vector<float> full = logical<float>(shape, 5);
   auto t = global_tensor<float, split<0>>::from_full(a, shape, full);
   auto moved = to<split<1>>(t, b);
-  if (b.contains_me()) EXPECT_EQ(moved.to_full(), full);
+  if (b.contains_me()) {
+    EXPECT_EQ(moved.to_full(), full);
+  }
 
   // P(sum) -> B is MPI_Allreduce of the rank's summands
   std::vector<float> mine(35);
