@@ -17,8 +17,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <thread>
@@ -75,8 +75,9 @@ double local_chain(flexpar::actor_executor& pool, int relays, std::int64_t messa
   pool.run(g, flexpar::deadline_after(std::chrono::seconds(120)));
   const double s = seconds_since(t0);
   const std::int64_t expected = messages * (messages - 1) / 2 + messages * relays;
-  if (sum != expected) std::fprintf(stderr, "local chain: wrong sum %lld (expected %lld)\n", static_cast<long long>(sum),
-                                    static_cast<long long>(expected));
+  if (sum != expected)
+    std::fprintf(stderr, "local chain: wrong sum %lld (expected %lld)\n", static_cast<long long>(sum),
+                 static_cast<long long>(expected));
   return s;
 }
 
@@ -201,7 +202,8 @@ int main(int argc, char** argv) {
         for (int count : {1, 4}) {
           std::vector<double> a, c;
           for (int r = 0; r < reps; ++r) {
-            a.push_back((count == 1 ? local_chain<1>(pool, relays, messages) : local_chain<4>(pool, relays, messages)) / hops);
+            a.push_back((count == 1 ? local_chain<1>(pool, relays, messages) : local_chain<4>(pool, relays, messages)) /
+                        hops);
             c.push_back(call_chain(relays, messages) / hops);
           }
           std::printf("| %zu | %d | %.3f | %.5f |\n", threads, count, median(a) * 1e6, median(c) * 1e6);
@@ -234,7 +236,8 @@ int main(int argc, char** argv) {
                     static_cast<long long>(cross_messages), reps);
         std::printf("| what | time per message (us) | / raw one-way latency |\n|---|---|---|\n");
         std::printf("| raw transport one-way latency (ping-pong / 2) | %.2f | 1.00 |\n", lat * 1e6);
-        std::printf("| raw transport stream (4 in flight) | %.2f | %.2f |\n", median(stream) * 1e6, median(stream) / lat);
+        std::printf("| raw transport stream (4 in flight) | %.2f | %.2f |\n", median(stream) * 1e6,
+                    median(stream) / lat);
         std::printf("| actor edge, register count 1 | %.2f | %.2f |\n", median(actor1) * 1e6, median(actor1) / lat);
         std::printf("| actor edge, register count 4 | %.2f | %.2f |\n", median(actor4) * 1e6, median(actor4) / lat);
         std::printf("| actor edge, count 1, single thread (deterministic_scheduler) | %.2f | %.2f |\n",
@@ -251,9 +254,11 @@ int main(int argc, char** argv) {
     for (auto schedule : {flexpar::pipeline_schedule::gpipe, flexpar::pipeline_schedule::one_f_one_b}) {
       if (!wanted("pipeline")) break;
       if (rank == 0) {
-        std::printf("\n# pipeline %s: p = %d stages (one per rank), forward %d us, backward %d us (sleep), median of %d\n",
-                    std::string(flexpar::name_of(schedule)).c_str(), p, stage_us, 2 * stage_us, reps);
-        std::printf("| m | bubble measured | bubble theory (p-1)/(m+p-1) | measured / theory | peak activations per stage |\n");
+        std::printf(
+            "\n# pipeline %s: p = %d stages (one per rank), forward %d us, backward %d us (sleep), median of %d\n",
+            std::string(flexpar::name_of(schedule)).c_str(), p, stage_us, 2 * stage_us, reps);
+        std::printf(
+            "| m | bubble measured | bubble theory (p-1)/(m+p-1) | measured / theory | peak activations per stage |\n");
         std::printf("|---|---|---|---|---|\n");
       }
       for (int m : {4, 8, 16}) {
@@ -266,8 +271,8 @@ int main(int argc, char** argv) {
                         std::this_thread::sleep_for(std::chrono::microseconds(stage_us));
                         y = x;
                       },
-                      [stage_us](int, const std::vector<float>&, const std::vector<float>&, const std::vector<float>& gy,
-                                 std::vector<float>& gx) {
+                      [stage_us](int, const std::vector<float>&, const std::vector<float>&,
+                                 const std::vector<float>& gy, std::vector<float>& gx) {
                         std::this_thread::sleep_for(std::chrono::microseconds(2 * stage_us));
                         gx = gy;
                       }});

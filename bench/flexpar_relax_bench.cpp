@@ -11,8 +11,8 @@
 //
 //   scripts/fakehosts -n 2 -r 1gbit -- build/bench/flexpar_relax_bench --line-gbit 1
 //   mpiexec -n 2 build/bench/flexpar_relax_bench --size 4M          # unthrottled, one machine
-#include <CLI/CLI.hpp>
 #include <mpi.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -105,7 +105,8 @@ int run(int argc, char** argv) {
   app.add_option("-s,--size", size_text, "gradient bytes (K, M, G = powers of 1024)")->capture_default_str();
   app.add_option("-n,--iters", iters, "timed steps per algorithm")->capture_default_str();
   app.add_option("-w,--warmup", warmup, "untimed steps first")->capture_default_str();
-  app.add_option("--line-gbit", line_gbit, "each link's rate in Gbit/s (0: unknown, no % column)")->capture_default_str();
+  app.add_option("--line-gbit", line_gbit, "each link's rate in Gbit/s (0: unknown, no % column)")
+      ->capture_default_str();
   app.add_option("--peers", peers, "decentralized peers")->capture_default_str();
   app.add_option("--interval", interval, "local_sgd's interval")->capture_default_str();
   app.add_option("-a,--algorithms", algorithms, "relaxations to run (default: all)");
@@ -127,8 +128,8 @@ int run(int argc, char** argv) {
   {  // the peer: MPICH's fp32 allreduce of the same bytes
     std::vector<float> buf(bytes / sizeof(float), 1.0f);
     const auto ms = time_steps(warmup, iters, [&] {
-      FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, MPI_SUM,
-                                      MPI_COMM_WORLD));
+      FLEXPAR_CHECK_MPI(
+          MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD));
     });
     rows.push_back({"MPI_Allreduce (fp32)", median(ms), mean(ms), 2.0 * (p - 1) / p * static_cast<double>(bytes)});
   }
@@ -169,8 +170,8 @@ int run(int argc, char** argv) {
       std::printf("# MPI_Allreduce busbw %.1f MB/s\n", busbw / 1e6);
     std::printf("%-34s %12s %12s %14s %10s\n", "algorithm", "median ms", "mean ms", "MB sent/rank", "speedup");
     for (const row& r : rows)
-      std::printf("%-34s %12.2f %12.2f %14.2f %9.2fx\n", r.name.c_str(), r.median_ms, r.mean_ms,
-                  r.bytes_per_step / 1e6, peer.median_ms / r.median_ms);
+      std::printf("%-34s %12.2f %12.2f %14.2f %9.2fx\n", r.name.c_str(), r.median_ms, r.mean_ms, r.bytes_per_step / 1e6,
+                  peer.median_ms / r.median_ms);
     std::printf("relax bench done: %zu rows\n", rows.size());
     std::fflush(stdout);
   }

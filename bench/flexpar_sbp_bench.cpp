@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
     std::vector<float> sink;
     for (std::size_t bytes = flexpar::bench::parse_size(begin); bytes <= flexpar::bench::parse_size(end);
          bytes *= static_cast<std::size_t>(factor)) {
-      const std::size_t cols = 256, n = bytes / sizeof(float) / cols / static_cast<std::size_t>(p) * static_cast<std::size_t>(p);
+      const std::size_t cols = 256,
+                        n = bytes / sizeof(float) / cols / static_cast<std::size_t>(p) * static_cast<std::size_t>(p);
       const shape_t shape{n, cols};
       const std::size_t count = n * cols;
       std::vector<float> full(count, 1.0f), buffer(count), out(count);
@@ -92,68 +93,86 @@ int main(int argc, char** argv) {
 
       {  // P -> B: allreduce
         std::optional<global_tensor<float, partial_sum>> t;
-        const double boxed = measure(iters, sink, [&] { t.emplace(global_tensor<float, partial_sum>::from_local(mesh, shape, full)); },
-                                     [&] { sink = to<broadcast>(std::move(*t)).release(); });
-        const double bare = measure(iters, sink, [&] { buffer = full; },
-                                    [&] { flexpar::allreduce(comm, std::span(buffer), flexpar::reduce_op::sum); });
+        const double boxed = measure(
+            iters, sink, [&] { t.emplace(global_tensor<float, partial_sum>::from_local(mesh, shape, full)); },
+            [&] { sink = to<broadcast>(std::move(*t)).release(); });
+        const double bare = measure(
+            iters, sink, [&] { buffer = full; },
+            [&] { flexpar::allreduce(comm, std::span(buffer), flexpar::reduce_op::sum); });
         // in place, but on a buffer as new as the tensor's (made in the untimed prepare, as from_local does)
-        const double bare_fresh = measure(iters, sink, [&] { sink = std::vector<float>(full); },
-                                          [&] { flexpar::allreduce(comm, std::span(sink), flexpar::reduce_op::sum); });
+        const double bare_fresh = measure(
+            iters, sink, [&] { sink = std::vector<float>(full); },
+            [&] { flexpar::allreduce(comm, std::span(sink), flexpar::reduce_op::sum); });
         rows.push_back({"P(sum) -> B", bytes, boxed, bare, bare_fresh});
       }
       {  // P -> S(0): reduce-scatter
         std::optional<global_tensor<float, partial_sum>> t;
-        const double boxed = measure(iters, sink, [&] { t.emplace(global_tensor<float, partial_sum>::from_local(mesh, shape, full)); },
-                                     [&] { sink = to<split<0>>(std::move(*t)).release(); });
-        const double bare = measure(iters, sink, [&] { buffer = full; }, [&] {
-          flexpar::reduce_scatter_v(comm, std::span(buffer), std::span<const std::size_t>(even), flexpar::reduce_op::sum);
-        });
-        const double bare_alloc = measure(iters, sink, [&] { buffer = full; }, [&] {
-          auto mine = flexpar::reduce_scatter_v(comm, std::span(buffer), std::span<const std::size_t>(even),
-                                                flexpar::reduce_op::sum);
-          sink.assign(mine.begin(), mine.end());
-        });
+        const double boxed = measure(
+            iters, sink, [&] { t.emplace(global_tensor<float, partial_sum>::from_local(mesh, shape, full)); },
+            [&] { sink = to<split<0>>(std::move(*t)).release(); });
+        const double bare = measure(
+            iters, sink, [&] { buffer = full; },
+            [&] {
+              flexpar::reduce_scatter_v(comm, std::span(buffer), std::span<const std::size_t>(even),
+                                        flexpar::reduce_op::sum);
+            });
+        const double bare_alloc = measure(
+            iters, sink, [&] { buffer = full; },
+            [&] {
+              auto mine = flexpar::reduce_scatter_v(comm, std::span(buffer), std::span<const std::size_t>(even),
+                                                    flexpar::reduce_op::sum);
+              sink.assign(mine.begin(), mine.end());
+            });
         rows.push_back({"P(sum) -> S(0)", bytes, boxed, bare, bare_alloc});
       }
       {  // S(0) -> B and S(1) -> B: allgather (the second also unpacks the columns)
         const std::vector<float> shard(block, 1.0f);
         std::optional<global_tensor<float, split<0>>> t0;
         std::optional<global_tensor<float, split<1>>> t1;
-        const double boxed0 = measure(iters, sink, [&] { t0.emplace(global_tensor<float, split<0>>::from_local(mesh, shape, shard)); },
-                                      [&] { sink = to<broadcast>(std::move(*t0)).release(); });
-        const double boxed1 = measure(iters, sink, [&] { t1.emplace(global_tensor<float, split<1>>::from_local(mesh, shape, shard)); },
-                                      [&] { sink = to<broadcast>(std::move(*t1)).release(); });
-        const double bare = measure(iters, sink, [] {}, [&] { flexpar::allgather(comm, std::span<const float>(shard), std::span(out)); });
-        const double bare_alloc = measure(iters, sink, [] {}, [&] {
-          std::vector<float> gathered(count);
-          flexpar::allgather(comm, std::span<const float>(shard), std::span(gathered));
-          sink = std::move(gathered);
-        });
+        const double boxed0 = measure(
+            iters, sink, [&] { t0.emplace(global_tensor<float, split<0>>::from_local(mesh, shape, shard)); },
+            [&] { sink = to<broadcast>(std::move(*t0)).release(); });
+        const double boxed1 = measure(
+            iters, sink, [&] { t1.emplace(global_tensor<float, split<1>>::from_local(mesh, shape, shard)); },
+            [&] { sink = to<broadcast>(std::move(*t1)).release(); });
+        const double bare = measure(
+            iters, sink, [] {}, [&] { flexpar::allgather(comm, std::span<const float>(shard), std::span(out)); });
+        const double bare_alloc = measure(
+            iters, sink, [] {},
+            [&] {
+              std::vector<float> gathered(count);
+              flexpar::allgather(comm, std::span<const float>(shard), std::span(gathered));
+              sink = std::move(gathered);
+            });
         rows.push_back({"S(0) -> B", bytes, boxed0, bare, bare_alloc});
         rows.push_back({"S(1) -> B", bytes, boxed1, bare, bare_alloc});
       }
       {  // S(0) -> S(1): alltoall
         const std::vector<float> shard(block, 1.0f);
         std::optional<global_tensor<float, split<0>>> t;
-        const double boxed = measure(iters, sink, [&] { t.emplace(global_tensor<float, split<0>>::from_local(mesh, shape, shard)); },
-                                     [&] { sink = to<split<1>>(std::move(*t)).release(); });
+        const double boxed = measure(
+            iters, sink, [&] { t.emplace(global_tensor<float, split<0>>::from_local(mesh, shape, shard)); },
+            [&] { sink = to<split<1>>(std::move(*t)).release(); });
         std::vector<float> in(block, 1.0f), got(block);
-        const double bare = measure(iters, sink, [] {}, [&] { flexpar::alltoall(comm, std::span<const float>(in), std::span(got)); });
-        const double bare_alloc = measure(iters, sink, [] {}, [&] {
-          std::vector<float> fresh(block);
-          flexpar::alltoall(comm, std::span<const float>(in), std::span(fresh));
-          sink = std::move(fresh);
-        });
+        const double bare = measure(
+            iters, sink, [] {}, [&] { flexpar::alltoall(comm, std::span<const float>(in), std::span(got)); });
+        const double bare_alloc = measure(
+            iters, sink, [] {},
+            [&] {
+              std::vector<float> fresh(block);
+              flexpar::alltoall(comm, std::span<const float>(in), std::span(fresh));
+              sink = std::move(fresh);
+            });
         rows.push_back({"S(0) -> S(1)", bytes, boxed, bare, bare_alloc});
       }
     }
     if (rank == 0) {
       std::printf("# flexpar_sbp_bench: %d ranks, f32 tensors [n, 256], median of %d, slowest rank\n", p, iters);
-      std::printf("%-16s %10s %12s %12s %14s %12s %14s\n", "boxing", "bytes", "boxing(us)", "bare(us)", "bare+alloc(us)",
-                  "vs bare", "vs bare+alloc");
+      std::printf("%-16s %10s %12s %12s %14s %12s %14s\n", "boxing", "bytes", "boxing(us)", "bare(us)",
+                  "bare+alloc(us)", "vs bare", "vs bare+alloc");
       for (const row& r : rows)
-        std::printf("%-16s %10zu %12.1f %12.1f %14.1f %11.2fx %13.2fx\n", r.boxing.c_str(), r.bytes, r.boxed_us, r.bare_us,
-                    r.bare_alloc_us, r.boxed_us / r.bare_us, r.boxed_us / r.bare_alloc_us);
+        std::printf("%-16s %10zu %12.1f %12.1f %14.1f %11.2fx %13.2fx\n", r.boxing.c_str(), r.bytes, r.boxed_us,
+                    r.bare_us, r.bare_alloc_us, r.boxed_us / r.bare_us, r.boxed_us / r.bare_alloc_us);
     }
   }
   MPI_Finalize();

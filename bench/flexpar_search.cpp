@@ -127,13 +127,16 @@ void bench_models(const cluster& cl, const char* cluster_name, std::size_t itera
     const search_result r = search(sim, 1, o, false);
     std::printf("| %s | %s | %.3f | %.3f (%.2fx) | %.3f | **%.2fx** | %s | %.2f |\n", name, cluster_name,
                 r.data_parallel_time * 1e3, r.expert_time * 1e3, r.data_parallel_time / r.expert_time,
-                r.best_time * 1e3, r.data_parallel_time / r.best_time, r.beat_data_parallel ? "search" : "DP", r.seconds);
+                r.best_time * 1e3, r.data_parallel_time / r.best_time, r.beat_data_parallel ? "search" : "DP",
+                r.seconds);
   }
 }
 
 int run_bench(std::size_t iterations) {
   std::printf("## Delta vs full simulation, per proposal (median over 400 random proposals; same answers)\n\n");
-  std::printf("| graph | devices | proposals | delta us | full us | full / delta | delta != full |\n|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| graph | devices | proposals | delta us | full us | full / delta | delta != full "
+      "|\n|---|---|---|---|---|---|---|\n");
   model_options tm;
   tm.model = "transformer";
   tm.layers = 16;
@@ -156,15 +159,15 @@ int run_bench(std::size_t iterations) {
 
   std::printf("\n## Found strategy vs data parallelism and the expert (simulated step time, %zu proposals, seed 1)\n\n",
               iterations);
-  std::printf("| model | cluster | DP ms | expert ms (vs DP) | found ms | found vs DP | returned | search s |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| model | cluster | DP ms | expert ms (vs DP) | found ms | found vs DP | returned | search s |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   bench_models(preset("16-4-slow-inter"), "16 dev / 4 nodes, inter 10x slower", iterations);
   bench_models(preset("16-4-nvlink"), "16 dev / 4 nodes, NVLink-class, inter 10x slower", iterations);
   bench_models(preset("64-8"), "64 dev / 8 nodes, inter 10x slower", iterations);
   bench_models(preset("8-1"), "8 dev / 1 node", iterations);
   return 0;
 }
-
 
 // ---- --run: the MLP's strategies executed on CPU ranks next to their simulated step times -----------
 
@@ -215,16 +218,23 @@ int run_on_ranks(int argc, char** argv, std::size_t batch, std::size_t width, st
       column.push_back(soap_config{1, 1, p, 0});
     }
     if (p > 1) {  // relus after a row-parallel layer take its output by batch
-      for (std::size_t i = 1; i < g.ops.size(); i += 2) megatron[i] = megatron[i - 1].attribute > 1 ? soap_config{p, 1, 1, 0} : megatron[i];
+      for (std::size_t i = 1; i < g.ops.size(); i += 2)
+        megatron[i] = megatron[i - 1].attribute > 1 ? soap_config{p, 1, 1, 0} : megatron[i];
     }
-    const std::pair<const char*, strategy> cases[] = {
-        {"data parallel", data_parallel(g, cl)}, {"column parallel", column}, {"megatron", megatron}, {"searched", found.best}};
+    const std::pair<const char*, strategy> cases[] = {{"data parallel", data_parallel(g, cl)},
+                                                      {"column parallel", column},
+                                                      {"megatron", megatron},
+                                                      {"searched", found.best}};
     const execution_result serial = execute_serial(g, x, w, 1.0f / 1024);
     if (root) {
-      std::printf("cluster measured on this machine: %d ranks, %.2f GFLOP/s per rank, memory %.1f GB/s, link alpha %.2f us, "
-                  "%.2f GB/s\n", p, cl.flops / 1e9, cl.memory_bandwidth / 1e9, cl.intra.latency * 1e6, cl.intra.bandwidth / 1e9);
-      std::printf("| strategy | SBP per op | simulated ms (FLOP model) | simulated ms (measured kernels) | measured ms "
-                  "(median of %zu) | error (kernels) | max |y - serial| |\n|---|---|---|---|---|---|---|\n", steps);
+      std::printf(
+          "cluster measured on this machine: %d ranks, %.2f GFLOP/s per rank, memory %.1f GB/s, link alpha %.2f us, "
+          "%.2f GB/s\n",
+          p, cl.flops / 1e9, cl.memory_bandwidth / 1e9, cl.intra.latency * 1e6, cl.intra.bandwidth / 1e9);
+      std::printf(
+          "| strategy | SBP per op | simulated ms (FLOP model) | simulated ms (measured kernels) | measured ms "
+          "(median of %zu) | error (kernels) | max |y - serial| |\n|---|---|---|---|---|---|---|\n",
+          steps);
     }
     for (const auto& [name, s] : cases) {
       if (!executable(g, s, p)) continue;
@@ -238,7 +248,8 @@ int run_on_ranks(int argc, char** argv, std::size_t batch, std::size_t width, st
       for (std::size_t i = 0; i < g.ops.size(); i += 2) sbps.append(i ? "; " : "").append(describe(g.ops[i], s[i]));
       if (root)
         std::printf("| %s | %s | %.3f | %.3f | %.3f | %+.0f%% | %g |\n", name, sbps.c_str(), by_flops * 1e3,
-                    simulated * 1e3, r.median_step_seconds * 1e3, 100.0 * (simulated - r.median_step_seconds) / r.median_step_seconds, diff);
+                    simulated * 1e3, r.median_step_seconds * 1e3,
+                    100.0 * (simulated - r.median_step_seconds) / r.median_step_seconds, diff);
       if (diff != 0) code = 1;
     }
   }
@@ -271,7 +282,8 @@ int main(int argc, char** argv) {
   app.add_flag("--bench", bench, "print the benchmark tables of doc/search.md");
   app.add_flag("--run", run, "under mpiexec: execute MLP strategies on the ranks, next to the simulated times");
   app.add_option("--steps", run_steps, "--run: training steps per strategy")->capture_default_str();
-  app.add_option("--width", width, "--run: MLP width (layers width -> 4 width -> 4 width -> width)")->capture_default_str();
+  app.add_option("--width", width, "--run: MLP width (layers width -> 4 width -> 4 width -> width)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     if (bench) return run_bench(o.iterations);
@@ -279,8 +291,8 @@ int main(int argc, char** argv) {
     const graph g = build_model(m);
     const cluster cl = build_cluster(cluster_spec);
     simulator sim(g, cl);
-    std::printf("%s: %zu ops, %zu tasks; cluster %d nodes x %d devices\n", g.name.c_str(), g.ops.size(), sim.task_count(),
-                cl.nodes, cl.devices_per_node);
+    std::printf("%s: %zu ops, %zu tasks; cluster %d nodes x %d devices\n", g.name.c_str(), g.ops.size(),
+                sim.task_count(), cl.nodes, cl.devices_per_node);
     const double dp = sim.simulate(data_parallel(g, cl));
     if (!import_path.empty() || show_expert) {
       const strategy s = show_expert ? expert(g, cl) : strategy_from_json(read_file(import_path), g, cl);
@@ -294,8 +306,9 @@ int main(int argc, char** argv) {
     const search_result r = search(sim, seed, o, !quiet);
     print_strategy(sim, r.best);
     std::printf("data parallel %.3f ms, expert %.3f ms (%.2fx), found %.3f ms: predicted speedup over DP %.2fx%s\n",
-                r.data_parallel_time * 1e3, r.expert_time * 1e3, r.data_parallel_time / r.expert_time, r.best_time * 1e3,
-                r.data_parallel_time / r.best_time, r.beat_data_parallel ? "" : " (returned data parallelism)");
+                r.data_parallel_time * 1e3, r.expert_time * 1e3, r.data_parallel_time / r.expert_time,
+                r.best_time * 1e3, r.data_parallel_time / r.best_time,
+                r.beat_data_parallel ? "" : " (returned data parallelism)");
     std::printf("search: %zu proposals (%zu accepted) in %.2f s, seed %llu\n", r.proposals, r.accepted, r.seconds,
                 static_cast<unsigned long long>(seed));
     if (!export_path.empty()) {

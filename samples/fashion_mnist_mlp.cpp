@@ -11,8 +11,8 @@
 //
 // Exit status: 0, 1 (an error: each rank prints it), 2 (bad command line), 77 (no data set; ctest
 // counts it as skipped).
-#include <CLI/CLI.hpp>
 #include <mpi.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -146,13 +146,15 @@ int train(const settings& opt) {
 
   if ((opt.algorithm == "onebit_adam" || opt.algorithm == "qadam") && opt.optimizer != "adam") {
     std::string text = "fashion_mnist_mlp: ";
-    text.append(opt.algorithm).append(
-        " applies its own Adam (options::adam): pass --optimizer adam with an Adam learning rate, e.g. --lr 0.001");
+    text.append(opt.algorithm)
+        .append(
+            " applies its own Adam (options::adam): pass --optimizer adam with an Adam learning rate, e.g. --lr 0.001");
     throw flexpar::usage_error(text);
   }
   std::unique_ptr<flexpar::relax::optimizer> base;
   if (opt.optimizer == "sgd")
-    base = std::make_unique<flexpar::relax::sgd>(flexpar::relax::sgd_options{.learning_rate = opt.lr, .momentum = opt.momentum});
+    base = std::make_unique<flexpar::relax::sgd>(
+        flexpar::relax::sgd_options{.learning_rate = opt.lr, .momentum = opt.momentum});
   else
     base = std::make_unique<flexpar::relax::adam>(
         flexpar::relax::adam_options{.learning_rate = opt.lr, .epsilon = opt.adam_epsilon});
@@ -168,10 +170,11 @@ int train(const settings& opt) {
   algo->start(params);
 
   if (rank == 0)
-    std::printf("fashion_mnist_mlp: %s on %d ranks, MLP 784-256-128-10 (%zu parameters), %zu images per rank, "
-                "batch %zu per rank, %zu steps per epoch, %s lr %g (%s)\n",
-                std::string(algo->name()).c_str(), size, model.parameter_count(), train_set.count, opt.batch,
-                steps_per_epoch, opt.optimizer.c_str(), static_cast<double>(opt.lr), opt.schedule.c_str());
+    std::printf(
+        "fashion_mnist_mlp: %s on %d ranks, MLP 784-256-128-10 (%zu parameters), %zu images per rank, "
+        "batch %zu per rank, %zu steps per epoch, %s lr %g (%s)\n",
+        std::string(algo->name()).c_str(), size, model.parameter_count(), train_set.count, opt.batch, steps_per_epoch,
+        opt.optimizer.c_str(), static_cast<double>(opt.lr), opt.schedule.c_str());
 
   std::vector<std::size_t> order(train_set.count);
   std::iota(order.begin(), order.end(), std::size_t{0});
@@ -199,8 +202,8 @@ int train(const settings& opt) {
         batch_y[i] = train_set.labels[k];
       }
       if (opt.schedule == "cosine")
-        optimizer.set_factor(0.5f * (1.0f + std::cos(3.14159265f * static_cast<float>(step_index) /
-                                                     static_cast<float>(total_steps))));
+        optimizer.set_factor(
+            0.5f * (1.0f + std::cos(3.14159265f * static_cast<float>(step_index) / static_cast<float>(total_steps))));
       const auto t0 = clock::now();
       model.train_step(batch_x, batch_y, opt.batch, seen);
       const auto t1 = clock::now();
@@ -220,12 +223,13 @@ int train(const settings& opt) {
     double sent = static_cast<double>(algo->traffic_so_far().bytes_sent - bytes_before), sent_sum = 0;
     MPI_Allreduce(&sent, &sent_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     if (rank == 0)
-      std::printf("epoch %2d/%d  loss %.4f  train accuracy %.4f  test accuracy %.4f  step %.2f ms (comm %.2f ms)  "
-                  "sent %.1f MB/rank  time %.1f s\n",
-                  epoch, opt.epochs, train_r.loss_sum / static_cast<double>(train_r.examples),
-                  static_cast<double>(train_r.correct) / static_cast<double>(train_r.examples),
-                  static_cast<double>(test_r.correct) / static_cast<double>(test_r.examples), median(step_ms),
-                  median(comm_ms), sent_sum / size / 1e6, train_seconds);
+      std::printf(
+          "epoch %2d/%d  loss %.4f  train accuracy %.4f  test accuracy %.4f  step %.2f ms (comm %.2f ms)  "
+          "sent %.1f MB/rank  time %.1f s\n",
+          epoch, opt.epochs, train_r.loss_sum / static_cast<double>(train_r.examples),
+          static_cast<double>(train_r.correct) / static_cast<double>(train_r.examples),
+          static_cast<double>(test_r.correct) / static_cast<double>(test_r.examples), median(step_ms), median(comm_ms),
+          sent_sum / size / 1e6, train_seconds);
     std::fflush(stdout);
   }
 
@@ -251,11 +255,12 @@ int train(const settings& opt) {
                   ranks_differ, size);
     else
       std::printf("replicas identical on all %d ranks after finish()\n", size);
-    std::printf("summary algorithm=%s ranks=%d epochs=%d steps=%llu exchanges=%llu bytes_per_rank=%llu "
-                "step_ms=%.3f comm_ms=%.3f train_s=%.2f test_accuracy=%.4f\n",
-                std::string(algo->name()).c_str(), size, opt.epochs, static_cast<unsigned long long>(t.steps),
-                static_cast<unsigned long long>(t.exchanges), static_cast<unsigned long long>(t.bytes_sent),
-                median(all_step_ms), median(all_comm_ms), train_seconds, accuracy);
+    std::printf(
+        "summary algorithm=%s ranks=%d epochs=%d steps=%llu exchanges=%llu bytes_per_rank=%llu "
+        "step_ms=%.3f comm_ms=%.3f train_s=%.2f test_accuracy=%.4f\n",
+        std::string(algo->name()).c_str(), size, opt.epochs, static_cast<unsigned long long>(t.steps),
+        static_cast<unsigned long long>(t.exchanges), static_cast<unsigned long long>(t.bytes_sent),
+        median(all_step_ms), median(all_comm_ms), train_seconds, accuracy);
     std::printf("final test accuracy %.4f\n", accuracy);
   }
   if (accuracy < opt.min_accuracy) {
@@ -274,11 +279,15 @@ int main(int argc, char** argv) {
   std::string names;
   for (std::string_view n : flexpar::relax::algorithm_names()) names.append(names.empty() ? "" : ", ").append(n);
   app.add_option("--algorithm", opt.algorithm, names)->capture_default_str();
-  app.add_option("--epochs", opt.epochs, "passes over the training set")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--epochs", opt.epochs, "passes over the training set")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--batch", opt.batch, "examples per step per rank")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--lr", opt.lr, "learning rate (peak of the schedule)")->capture_default_str();
   app.add_option("--momentum", opt.momentum, "SGD momentum")->capture_default_str();
-  app.add_option("--optimizer", opt.optimizer, "sgd or adam")->capture_default_str()->check(CLI::IsMember({"sgd", "adam"}));
+  app.add_option("--optimizer", opt.optimizer, "sgd or adam")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--schedule", opt.schedule, "cosine (decay to 0 over the run; sgd only) or constant")
       ->capture_default_str()
       ->check(CLI::IsMember({"cosine", "constant"}));
@@ -287,9 +296,11 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--peers", opt.peers, "decentralized peers: all, shift_one, ring")->capture_default_str();
-  app.add_option("--adam-epsilon", opt.adam_epsilon, "Adam's epsilon (adam, onebit_adam, qadam)")->capture_default_str();
+  app.add_option("--adam-epsilon", opt.adam_epsilon, "Adam's epsilon (adam, onebit_adam, qadam)")
+      ->capture_default_str();
   app.add_option("--warmup", opt.warmup, "onebit_adam, qadam: full-precision Adam steps first")->capture_default_str();
-  app.add_option("--train-limit", opt.train_limit, "use only the first N training images (0 = all)")->capture_default_str();
+  app.add_option("--train-limit", opt.train_limit, "use only the first N training images (0 = all)")
+      ->capture_default_str();
   app.add_option("--test-limit", opt.test_limit, "use only the first N test images (0 = all)")->capture_default_str();
   app.add_option("--min-accuracy", opt.min_accuracy, "exit with status 1 if the final test accuracy is below this")
       ->capture_default_str();
@@ -309,7 +320,8 @@ int main(int argc, char** argv) {
   int status = 0;
   if (!fm::fashion_mnist_present(opt.data_dir)) {
     if (rank == 0)
-      std::fprintf(stderr, "fashion_mnist_mlp: Fashion-MNIST not found in %s (install dataset-fashion-mnist); skipping\n",
+      std::fprintf(stderr,
+                   "fashion_mnist_mlp: Fashion-MNIST not found in %s (install dataset-fashion-mnist); skipping\n",
                    opt.data_dir.c_str());
     status = 77;
   } else {

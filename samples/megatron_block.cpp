@@ -22,7 +22,8 @@ struct sizes {
 
 std::vector<float> matrix(std::size_t rows, std::size_t cols, int salt) {
   std::vector<float> m(rows * cols);
-  for (std::size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(salt)) % 9) - 4);
+  for (std::size_t i = 0; i < m.size(); ++i)
+    m[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(salt)) % 9) - 4);
   return m;
 }
 
@@ -53,11 +54,11 @@ std::vector<float> block_1d(flexpar::communicator& comm, const sizes& s, const s
                             const std::vector<float>& w1, const std::vector<float>& w2) {
   placement<1> mesh(comm, {comm.size()});
   auto X = global_tensor<float, broadcast>::from_full(mesh, {s.batch, s.hidden}, x);
-  auto W1 = global_tensor<float, split<1>>::from_full(mesh, {s.hidden, s.ffn}, w1);   // column parallel
-  auto W2 = global_tensor<float, split<0>>::from_full(mesh, {s.ffn, s.hidden}, w2);   // row parallel
+  auto W1 = global_tensor<float, split<1>>::from_full(mesh, {s.hidden, s.ffn}, w1);  // column parallel
+  auto W2 = global_tensor<float, split<0>>::from_full(mesh, {s.ffn, s.hidden}, w2);  // row parallel
 
-  auto H = relu(matmul(X, W1));       // (B, S(1)) -> S(1); relu keeps S(1)
-  auto partial_y = matmul(H, W2);     // (S(1), S(0)) -> P(sum)
+  auto H = relu(matmul(X, W1));    // (B, S(1)) -> S(1); relu keeps S(1)
+  auto partial_y = matmul(H, W2);  // (S(1), S(0)) -> P(sum)
   static_assert(std::is_same_v<decltype(partial_y), global_tensor<float, partial_sum>>);
   const auto cost = boxing_cost<partial_sum, broadcast>(partial_y.shape(), mesh);
   auto Y = to<broadcast>(std::move(partial_y));  // the block's one allreduce
@@ -83,9 +84,9 @@ std::vector<float> block_2d(flexpar::communicator& comm, const sizes& s, const s
   static_assert(std::is_same_v<decltype(partial_y)::sbp_type, sbp<split<0>, partial_sum>>);
   auto Y = to<sbp<split<0>, broadcast>>(std::move(partial_y));  // allreduce over the model axis only
   if (comm.rank() == 0)
-    std::printf("2 x %d mesh: H is %s, x W1 W2 is %s, boxed to %s by one allreduce per model group\n",
-                comm.size() / 2, to_string<decltype(H)::sbp_type>().c_str(),
-                to_string<sbp<split<0>, partial_sum>>().c_str(), to_string<decltype(Y)::sbp_type>().c_str());
+    std::printf("2 x %d mesh: H is %s, x W1 W2 is %s, boxed to %s by one allreduce per model group\n", comm.size() / 2,
+                to_string<decltype(H)::sbp_type>().c_str(), to_string<sbp<split<0>, partial_sum>>().c_str(),
+                to_string<decltype(Y)::sbp_type>().c_str());
   return Y.to_full();
 }
 // [/snippet:megatron_2d]

@@ -85,7 +85,8 @@ struct dataset {
   std::size_t features, classes, examples;
   std::vector<float> x;
   std::vector<int> y;
-  dataset(std::size_t f, std::size_t c, std::size_t n, std::uint64_t seed) : features(f), classes(c), examples(n), x(n * f), y(n) {
+  dataset(std::size_t f, std::size_t c, std::size_t n, std::uint64_t seed)
+      : features(f), classes(c), examples(n), x(n * f), y(n) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::vector<float> teacher(f * c);
@@ -178,7 +179,8 @@ int main(int argc, char** argv) {
     const std::vector<std::size_t> widths{16, 32, 32, 32, 4};  // 4 layers: 4 stages
     const int stages = static_cast<int>(widths.size()) - 1;
     if (comm.size() != 1 && comm.size() != stages) {
-      if (rank == 0) std::fprintf(stderr, "pipeline_mlp: run with 1 rank (serial) or %d ranks (one stage each)\n", stages);
+      if (rank == 0)
+        std::fprintf(stderr, "pipeline_mlp: run with 1 rank (serial) or %d ranks (one stage each)\n", stages);
       status = 2;
     } else if (batch % static_cast<std::size_t>(micro_batches) != 0) {
       if (rank == 0) std::fprintf(stderr, "pipeline_mlp: --batch must be a multiple of --micro-batches\n");
@@ -224,12 +226,14 @@ int main(int argc, char** argv) {
           std::string label = "fc";
           label += std::to_string(s + 1);
           layer* mine = &model[static_cast<std::size_t>(s)];
-          builder.stage(s, {label, [mine](int, const std::vector<float>& x, std::vector<float>& y) { mine->forward(x, y); },
-                            [mine](int, const std::vector<float>& x, const std::vector<float>& y,
-                                   const std::vector<float>& gy, std::vector<float>& gx) { mine->backward(x, y, gy, gx); }});
+          builder.stage(
+              s, {label, [mine](int, const std::vector<float>& x, std::vector<float>& y) { mine->forward(x, y); },
+                  [mine](int, const std::vector<float>& x, const std::vector<float>& y, const std::vector<float>& gy,
+                         std::vector<float>& gx) { mine->backward(x, y, gy, gx); }});
         }
         builder.micro_batches(micro_batches)
-            .schedule(schedule_name == "gpipe" ? flexpar::pipeline_schedule::gpipe : flexpar::pipeline_schedule::one_f_one_b)
+            .schedule(schedule_name == "gpipe" ? flexpar::pipeline_schedule::gpipe
+                                               : flexpar::pipeline_schedule::one_f_one_b)
             .input([&](int mb, std::vector<float>& x) { micro_batch_input(data, bt, step, mb, x); })
             .loss([&](int mb, const std::vector<float>& logits, std::vector<float>& g) {
               return micro_batch_loss(data, bt, step, mb, logits, g);
@@ -273,7 +277,8 @@ int main(int argc, char** argv) {
           const float b = pipeline_losses[static_cast<std::size_t>(s)];
           const double rel = std::abs(static_cast<double>(a) - b) / std::max(1e-12, std::abs(static_cast<double>(a)));
           worst = std::max(worst, rel);
-          std::printf("step %3d  serial loss %.7f  pipeline loss %.7f\n", s, static_cast<double>(a), static_cast<double>(b));
+          std::printf("step %3d  serial loss %.7f  pipeline loss %.7f\n", s, static_cast<double>(a),
+                      static_cast<double>(b));
         }
         if (!pipeline_losses.empty()) {
           std::printf("pipeline (%d stages, %s, m = %d) vs serial: max relative loss difference %.3g -> %s\n", stages,

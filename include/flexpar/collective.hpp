@@ -349,13 +349,14 @@ void alltoall(communicator& comm, std::span<T> data, algorithm a = algorithm::au
 /// recv_counts[i] on rank j (a mismatch ends in a transport_error for truncation, or a timeout).
 /// Algorithms: automatic, pairwise. @pre in and out do not overlap.
 template <element T>
-void alltoall_v(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<const std::size_t> send_counts,
-                std::span<T> out, std::span<const std::size_t> recv_counts, algorithm a = algorithm::automatic) {
+void alltoall_v(communicator& comm, std::span<const std::type_identity_t<T>> in,
+                std::span<const std::size_t> send_counts, std::span<T> out, std::span<const std::size_t> recv_counts,
+                algorithm a = algorithm::automatic) {
   const block_layout sends = detail::checked_layout(comm, "alltoall_v", send_counts);
   const block_layout receives = detail::checked_layout(comm, "alltoall_v", recv_counts);
-  detail::require(in.size() == sends.total, comm, "alltoall_v",
-                  "input of " + std::to_string(in.size()) + " elements; the send counts add up to " +
-                      std::to_string(sends.total));
+  detail::require(
+      in.size() == sends.total, comm, "alltoall_v",
+      "input of " + std::to_string(in.size()) + " elements; the send counts add up to " + std::to_string(sends.total));
   detail::require(out.size() == receives.total, comm, "alltoall_v",
                   "output of " + std::to_string(out.size()) + " elements; the receive counts add up to " +
                       std::to_string(receives.total));

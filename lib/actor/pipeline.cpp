@@ -52,7 +52,11 @@ std::vector<pipeline_op> schedule_ops(pipeline_schedule s, int stages, int stage
 pipeline pipeline_builder::build() { return pipeline(*this); }
 
 pipeline::pipeline(pipeline_builder& b)
-    : ranks_(b.ranks_), micro_batches_(b.micro_batches_), schedule_(b.schedule_), input_(b.input_), loss_(b.loss_),
+    : ranks_(b.ranks_),
+      micro_batches_(b.micro_batches_),
+      schedule_(b.schedule_),
+      input_(b.input_),
+      loss_(b.loss_),
       trace_(b.trace_) {
   communicator& comm = *b.comm_;
   auto fail = [&](const std::string& why) {

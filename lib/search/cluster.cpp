@@ -29,7 +29,8 @@ cost_params cluster::params(bool crosses_nodes) const noexcept {
 void cluster::validate() const {
   auto positive = [](double v, const char* field) {
     if (!(v > 0))
-      throw usage_error(std::string("search::cluster: ").append(field).append(" must be > 0, got ").append(std::to_string(v)));
+      throw usage_error(
+          std::string("search::cluster: ").append(field).append(" must be > 0, got ").append(std::to_string(v)));
   };
   positive(nodes, "nodes");
   positive(devices_per_node, "devices_per_node");

@@ -142,8 +142,10 @@ strategy expert(const graph& g, const cluster& cl) {
   int next_table_device = 0;
   auto model_parallel = [&](const op& o, bool row_parallel) {
     soap_config c{std::min<int>(nodes, static_cast<int>(o.batch)), 1, 1, 0};
-    if (row_parallel) c.attribute = per_node;
-    else c.parameter = per_node;
+    if (row_parallel)
+      c.attribute = per_node;
+    else
+      c.parameter = per_node;
     if (c.sample * per_node != cl.devices() || !valid(o, c, cl)) return std::optional<soap_config>{};
     return std::optional<soap_config>{c};
   };
@@ -169,10 +171,10 @@ strategy expert(const graph& g, const cluster& cl) {
         if (o.param_bytes <= in_bytes + g.output_bytes(i) && !in_region) break;
         // Row parallel after a column-parallel pair (Megatron's second FFN GEMM), else column parallel.
         const std::size_t before = o.inputs.empty() ? 0 : o.inputs[0];
-        const bool after_column = o.inputs.size() == 1 && s[before].parameter > 1 &&
-                                  g.ops[before].kind == op_kind::elementwise && !o.inputs.empty() &&
-                                  !g.ops[before].inputs.empty() && g.ops[g.ops[before].inputs[0]].kind == op_kind::linear &&
-                                  s[g.ops[before].inputs[0]].parameter > 1;
+        const bool after_column =
+            o.inputs.size() == 1 && s[before].parameter > 1 && g.ops[before].kind == op_kind::elementwise &&
+            !o.inputs.empty() && !g.ops[before].inputs.empty() &&
+            g.ops[g.ops[before].inputs[0]].kind == op_kind::linear && s[g.ops[before].inputs[0]].parameter > 1;
         c = model_parallel(o, after_column);
         break;
       }

@@ -35,7 +35,8 @@ void check(const graph& g, const strategy& s, int ranks) {
   for (std::size_t i = 0; i < g.ops.size(); ++i) {
     const op& o = g.ops[i];
     if (o.kind != op_kind::linear && o.kind != op_kind::elementwise)
-      throw usage_error(op_context(i, o).append(name_of(o.kind)).append(" ops are not executable here (linear and relu)"));
+      throw usage_error(
+          op_context(i, o).append(name_of(o.kind)).append(" ops are not executable here (linear and relu)"));
     if (o.spatial != 1) throw usage_error(op_context(i, o).append("spatial extent must be 1"));
     if (i == 0 ? !o.inputs.empty() : (o.inputs.size() != 1 || o.inputs[0] != i - 1))
       throw usage_error(op_context(i, o).append("the graph must be a chain (op i reads op i-1)"));
@@ -70,8 +71,8 @@ nd_parallel transposed(nd_parallel s) {
 tensor gemm_transposed(const tensor& a, bool transpose_a, const tensor& b, bool transpose_b, const char* what) {
   const nd_parallel la = transpose_a ? transposed(a.layout()) : a.layout();
   const nd_parallel lb = transpose_b ? transposed(b.layout()) : b.layout();
-  const sbp::nd_signature_result sig = sbp::nd_signature(
-      [](const parallel& x, const parallel& y) { return sbp::signature::matmul(x, y); }, la, lb);
+  const sbp::nd_signature_result sig =
+      sbp::nd_signature([](const parallel& x, const parallel& y) { return sbp::signature::matmul(x, y); }, la, lb);
   if (!sig.ok)
     throw usage_error(std::string("search::execute_steps: ")
                           .append(what)

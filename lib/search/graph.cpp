@@ -46,8 +46,7 @@ std::size_t graph::add(op o) {
                             .append(std::to_string(i))
                             .append(" ops; ops are added in topological order)"));
   for (const op& x : ops)
-    if (x.name == o.name)
-      throw usage_error(op_context("graph::add", i, o.name).append("the name is taken"));
+    if (x.name == o.name) throw usage_error(op_context("graph::add", i, o.name).append("the name is taken"));
   if (o.batch == 0 || o.out_channels == 0 || o.spatial == 0 || o.in_channels == 0)
     throw usage_error(op_context("graph::add", i, o.name).append("batch, channels and spatial must be >= 1"));
   ops.push_back(std::move(o));
@@ -144,7 +143,8 @@ graph mlp(std::size_t batch, const std::vector<std::size_t>& widths) {
   g.name = "mlp";
   std::vector<std::size_t> prev;
   for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
-    const std::size_t fc = g.add(with_inputs(make::linear(numbered("fc", l + 1), batch, widths[l], widths[l + 1]), prev));
+    const std::size_t fc =
+        g.add(with_inputs(make::linear(numbered("fc", l + 1), batch, widths[l], widths[l + 1]), prev));
     prev = {fc};
     if (l + 2 < widths.size())
       prev = {g.add(with_inputs(make::elementwise(numbered("relu", l + 1), batch, widths[l + 1], 1), prev))};

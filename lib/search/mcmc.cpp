@@ -79,7 +79,8 @@ search_result mcmc_search::run() {
       const std::vector<soap_config>& choices = space[i];
       soap_config proposal = choices[std::uniform_int_distribution<std::size_t>(0, choices.size() - 1)(rng_)];
       if (!neighbours[i].empty() && unit(rng_) < options_.copy_probability) {  // adopt a neighbour's config
-        const std::size_t n = neighbours[i][std::uniform_int_distribution<std::size_t>(0, neighbours[i].size() - 1)(rng_)];
+        const std::size_t n =
+            neighbours[i][std::uniform_int_distribution<std::size_t>(0, neighbours[i].size() - 1)(rng_)];
         const soap_config& theirs = sim_->current()[n];
         if (valid(g.ops[i], theirs, cl) && (!options_.allow || options_.allow(i, theirs))) proposal = theirs;
       }

@@ -10,7 +10,9 @@
 namespace flexpar::search {
 
 namespace {
-std::size_t ceil_div(std::size_t a, int d) { return (a + static_cast<std::size_t>(d) - 1) / static_cast<std::size_t>(d); }
+std::size_t ceil_div(std::size_t a, int d) {
+  return (a + static_cast<std::size_t>(d) - 1) / static_cast<std::size_t>(d);
+}
 }  // namespace
 
 std::array<std::array<std::size_t, 3>, 3> linear_gemm_shapes(const op& o, const soap_config& c) {

@@ -29,7 +29,15 @@ std::string_view name_of(allreduce_algorithm a) noexcept {
 
 namespace {
 
-enum class task_kind : unsigned char { forward_boxing, forward, loss_boxing, backward, backward_boxing, allreduce, update };
+enum class task_kind : unsigned char {
+  forward_boxing,
+  forward,
+  loss_boxing,
+  backward,
+  backward_boxing,
+  allreduce,
+  update
+};
 
 struct task {
   task_kind kind = task_kind::forward;
@@ -55,8 +63,10 @@ struct placed {
 /// The SBP with every entry's dual (the layout of a gradient): S -> S, B -> P(sum), P -> B.
 nd_parallel dual(nd_parallel s) {
   for (std::size_t d = 0; d < s.rank; ++d) {
-    if (s[d].is_broadcast()) s[d] = parallel::P();
-    else if (s[d].is_partial()) s[d] = parallel::B();
+    if (s[d].is_broadcast())
+      s[d] = parallel::P();
+    else if (s[d].is_partial())
+      s[d] = parallel::B();
   }
   return s;
 }
@@ -163,9 +173,7 @@ struct simulator::impl {
     }
   }
 
-  placed where(std::size_t i) const {
-    return {cfg[i].first_device, sig[i].mesh, cfg[i].devices()};
-  }
+  placed where(std::size_t i) const { return {cfg[i].first_device, sig[i].mesh, cfg[i].devices()}; }
 
   bool axis_crosses_nodes(const placed& p, std::size_t d) const {
     int stride = 1;
@@ -185,7 +193,8 @@ struct simulator::impl {
     for (std::size_t k = 0; k < r.count; ++k) {
       const sbp::route_step& s = r.steps[k];
       const sbp::box held = sbp::shard_box(shape, r.before[k], p.mesh, origin, s.axis);
-      const cost c = sbp::axis_step_cost(s.from, s.to, p.mesh[s.axis], static_cast<double>(held.elements() * g.element_bytes));
+      const cost c =
+          sbp::axis_step_cost(s.from, s.to, p.mesh[s.axis], static_cast<double>(held.elements() * g.element_bytes));
       t += c.seconds(cl.params(axis_crosses_nodes(p, s.axis)));
     }
     return t;
@@ -272,7 +281,8 @@ struct simulator::impl {
   double input_bytes(std::size_t i) const {
     double b = 0;
     for (std::size_t in : g.ops[i].inputs) b += g.output_bytes(in);
-    if (g.ops[i].inputs.empty()) b = static_cast<double>(g.ops[i].batch * g.ops[i].in_channels * g.ops[i].spatial * g.element_bytes);
+    if (g.ops[i].inputs.empty())
+      b = static_cast<double>(g.ops[i].batch * g.ops[i].in_channels * g.ops[i].spatial * g.element_bytes);
     return b;
   }
 
@@ -369,7 +379,8 @@ struct simulator::impl {
         t.duration = 0;
         if (whole == sig[i].output) break;
         const placed p = where(i);
-        t.duration = route_seconds(shape, sig[i].output, whole, p) + route_seconds(shape, whole, dual(sig[i].output), p);
+        t.duration =
+            route_seconds(shape, sig[i].output, whole, p) + route_seconds(shape, whole, dual(sig[i].output), p);
         link_queues(p, t.queues);
         break;
       }

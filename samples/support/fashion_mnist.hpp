@@ -49,10 +49,10 @@ enum class fashion_mnist_split { train, test };
 
 /// Images (row-major 28 x 28 bytes, 0..255, one after the other) and their labels (0..9).
 struct fashion_mnist_set {
-  std::size_t count = 0;                 ///< number of examples
-  std::size_t rows = 0, cols = 0;        ///< 28, 28
-  std::vector<std::uint8_t> images;      ///< count * rows * cols pixels
-  std::vector<std::uint8_t> labels;      ///< count labels, each 0..9
+  std::size_t count = 0;             ///< number of examples
+  std::size_t rows = 0, cols = 0;    ///< 28, 28
+  std::vector<std::uint8_t> images;  ///< count * rows * cols pixels
+  std::vector<std::uint8_t> labels;  ///< count labels, each 0..9
 
   /// Pixels per image (784).
   [[nodiscard]] std::size_t pixels() const noexcept { return rows * cols; }
@@ -188,7 +188,7 @@ inline fashion_mnist_set load_fashion_mnist(fashion_mnist_split which,
   const auto idims = detail::idx_dimensions(images_file, raw, 0x00000803u);
   if (idims[1] != 28 || idims[2] != 28)
     detail::malformed(images_file, detail::concat("images are ", std::to_string(idims[1]), " x ",
-                                                 std::to_string(idims[2]), ", expected 28 x 28"));
+                                                  std::to_string(idims[2]), ", expected 28 x 28"));
   set.count = idims[0];
   set.rows = idims[1];
   set.cols = idims[2];
@@ -198,11 +198,12 @@ inline fashion_mnist_set load_fashion_mnist(fashion_mnist_split which,
   const auto ldims = detail::idx_dimensions(labels_file, raw, 0x00000801u);
   if (ldims[0] != set.count)
     detail::malformed(labels_file, detail::concat(std::to_string(ldims[0]), " labels for ", std::to_string(set.count),
-                                                 " images in ", images_file.filename().string()));
+                                                  " images in ", images_file.filename().string()));
   set.labels.assign(raw.begin() + 8, raw.end());
   for (std::size_t i = 0; i < set.labels.size(); ++i)
-    if (set.labels[i] > 9) detail::malformed(labels_file, detail::concat("label ", std::to_string(set.labels[i]), " of example ",
-                                                   std::to_string(i), " is not 0..9"));
+    if (set.labels[i] > 9)
+      detail::malformed(labels_file, detail::concat("label ", std::to_string(set.labels[i]), " of example ",
+                                                    std::to_string(i), " is not 0..9"));
   return set;
 }
 

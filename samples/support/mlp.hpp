@@ -100,7 +100,8 @@ class mlp {
       const std::size_t in = widths_[l], out = widths_[l + 1];
       std::vector<float>& z = activation_[l];
       z.resize(batch * out);
-      for (std::size_t i = 0; i < batch; ++i) std::copy(bias_[l].begin(), bias_[l].end(), z.begin() + static_cast<std::ptrdiff_t>(i * out));
+      for (std::size_t i = 0; i < batch; ++i)
+        std::copy(bias_[l].begin(), bias_[l].end(), z.begin() + static_cast<std::ptrdiff_t>(i * out));
       const float* a = l == 0 ? x.data() : activation_[l - 1].data();
       // Z = A W + Z (Z preloaded with the bias rows)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(batch), static_cast<int>(out),
@@ -154,8 +155,8 @@ class mlp {
       if (l == 0) break;
       // dA_{l-1} = dZ W^T, then dZ_{l-1} = dA_{l-1} where A_{l-1} > 0, written over A_{l-1}
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(batch), static_cast<int>(in),
-                  static_cast<int>(out), 1.0f, dz, static_cast<int>(out), weight_[l].data(), static_cast<int>(out), 0.0f,
-                  delta_.data(), static_cast<int>(in));
+                  static_cast<int>(out), 1.0f, dz, static_cast<int>(out), weight_[l].data(), static_cast<int>(out),
+                  0.0f, delta_.data(), static_cast<int>(in));
       std::vector<float>& prev = activation_[l - 1];
       for (std::size_t i = 0; i < batch * in; ++i) prev[i] = prev[i] > 0.0f ? delta_[i] : 0.0f;
     }

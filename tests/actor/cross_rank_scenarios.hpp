@@ -44,11 +44,12 @@ inline std::vector<float> chain_message(int i, std::size_t width) {
 inline void chain_across_ranks(communicator& comm, int messages, std::size_t width, drive how) {
   const int p = comm.size();
   actor_graph g(comm);
-  auto& src = g.add_actor<out<std::vector<float>, 2>>(0, "source", [i = 0, messages, width](std::vector<float>& v) mutable {
-    if (i == messages) return fire_result::done;
-    v = chain_message(i++, width);
-    return fire_result::emit;
-  });
+  auto& src =
+      g.add_actor<out<std::vector<float>, 2>>(0, "source", [i = 0, messages, width](std::vector<float>& v) mutable {
+        if (i == messages) return fire_result::done;
+        v = chain_message(i++, width);
+        return fire_result::emit;
+      });
   auto& scale = g.add_actor<in<std::vector<float>>, out<std::vector<float>, 1>>(
       1 % p, "scale", [](const std::vector<float>& x, std::vector<float>& y) {
         y.resize(x.size());
@@ -92,13 +93,16 @@ inline void diamond_across_ranks(communicator& comm, int messages, drive how) {
     x = i++;
     return fire_result::emit;
   });
-  auto& b = g.add_actor<in<std::int64_t>, out<std::int64_t, 2>>(1 % p, "B", [](const std::int64_t& x, std::int64_t& y) { y = 2 * x * x; });
-  auto& c = g.add_actor<in<std::int64_t>, out<std::int64_t, 1>>(2 % p, "C", [](const std::int64_t& x, std::int64_t& y) { y = x + 7; });
+  auto& b = g.add_actor<in<std::int64_t>, out<std::int64_t, 2>>(
+      1 % p, "B", [](const std::int64_t& x, std::int64_t& y) { y = 2 * x * x; });
+  auto& c = g.add_actor<in<std::int64_t>, out<std::int64_t, 1>>(
+      2 % p, "C", [](const std::int64_t& x, std::int64_t& y) { y = x + 7; });
   std::int64_t received = 0, wrong = 0;
-  auto& d = g.add_actor<in<std::int64_t>, in<std::int64_t>>(3 % p, "D", [&](const std::int64_t& x, const std::int64_t& y) {
-    const std::int64_t i = received++;
-    if (x + y != 2 * i * i + i + 7) ++wrong;
-  });
+  auto& d =
+      g.add_actor<in<std::int64_t>, in<std::int64_t>>(3 % p, "D", [&](const std::int64_t& x, const std::int64_t& y) {
+        const std::int64_t i = received++;
+        if (x + y != 2 * i * i + i + 7) ++wrong;
+      });
   g.connect(a.output<0>(), b.input<0>());
   g.connect(a.output<0>(), c.input<0>());
   g.connect(b.output<0>(), d.input<0>());

@@ -30,7 +30,8 @@ struct serial_result {
   std::vector<float> grads;
 };
 inline serial_result serial_pipeline(int stages, int m, std::size_t width) {
-  serial_result r{std::vector<float>(static_cast<std::size_t>(m)), std::vector<float>(static_cast<std::size_t>(stages))};
+  serial_result r{std::vector<float>(static_cast<std::size_t>(m)),
+                  std::vector<float>(static_cast<std::size_t>(stages))};
   for (int mb = 0; mb < m; ++mb) {
     std::vector<std::vector<float>> acts{micro_batch_input(mb, width)};
     for (int s = 0; s < stages; ++s) {
@@ -41,7 +42,8 @@ inline serial_result serial_pipeline(int stages, int m, std::size_t width) {
     r.losses[static_cast<std::size_t>(mb)] = std::accumulate(acts.back().begin(), acts.back().end(), 0.0f);
     std::vector<float> g(width, 1.0f);
     for (int s = stages - 1; s >= 0; --s) {
-      for (std::size_t k = 0; k < width; ++k) r.grads[static_cast<std::size_t>(s)] += acts[static_cast<std::size_t>(s)][k] * g[k];
+      for (std::size_t k = 0; k < width; ++k)
+        r.grads[static_cast<std::size_t>(s)] += acts[static_cast<std::size_t>(s)][k] * g[k];
       for (auto& v : g) v *= stage_weight(s);
     }
   }
@@ -63,8 +65,8 @@ inline void pipeline_matches_serial(communicator& comm, const std::vector<int>& 
                y.resize(x.size());
                for (std::size_t k = 0; k < x.size(); ++k) y[k] = x[k] * stage_weight(s) + static_cast<float>(s);
              },
-             [s, &weight_grad](int, const std::vector<float>& x, const std::vector<float>&, const std::vector<float>& gy,
-                               std::vector<float>& gx) {
+             [s, &weight_grad](int, const std::vector<float>& x, const std::vector<float>&,
+                               const std::vector<float>& gy, std::vector<float>& gx) {
                gx.resize(gy.size());
                for (std::size_t k = 0; k < gy.size(); ++k) {
                  weight_grad += x[k] * gy[k];
@@ -87,8 +89,8 @@ inline void pipeline_matches_serial(communicator& comm, const std::vector<int>& 
   if (s == p - 1) {
     EXPECT_EQ(stats.losses, expected.losses);
   }
-  const std::size_t bound = schedule == pipeline_schedule::gpipe ? static_cast<std::size_t>(m)
-                                                                 : static_cast<std::size_t>(std::min(p - s, m));
+  const std::size_t bound =
+      schedule == pipeline_schedule::gpipe ? static_cast<std::size_t>(m) : static_cast<std::size_t>(std::min(p - s, m));
   EXPECT_EQ(stats.peak_activations, bound) << name_of(schedule) << " stage " << s << " of " << p << ", m = " << m;
 }
 

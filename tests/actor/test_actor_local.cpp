@@ -174,7 +174,8 @@ TEST(actor_deterministic, no_message_lost_or_duplicated_over_100000_seeded_inter
 TEST(actor_pool, no_message_lost_or_duplicated_over_100000_with_seeded_delays) {
   for (std::size_t threads : {1u, 2u, 3u}) {
     actor_executor pool(threads);
-    diamond_100k(100000, [&](actor_graph& g) { pool.run(g, deadline_after(seconds(60))); }, 11 + threads);
+    diamond_100k(
+        100000, [&](actor_graph& g) { pool.run(g, deadline_after(seconds(60))); }, 11 + threads);
   }
 }
 
@@ -215,7 +216,8 @@ TEST(actor_pool, firings_go_to_the_timeline_on_a_track_per_actor) {
   pool.run(g, deadline_after(seconds(10)));
   const std::string json = trace.events_json();
   std::size_t spans = 0;
-  for (std::size_t at = json.find("\"ph\":\"X\""); at != std::string::npos; at = json.find("\"ph\":\"X\"", at + 1)) ++spans;
+  for (std::size_t at = json.find("\"ph\":\"X\""); at != std::string::npos; at = json.find("\"ph\":\"X\"", at + 1))
+    ++spans;
   EXPECT_EQ(spans, 11u) << json;  // 6 firings of the source (the last says done), 5 of the sink
   EXPECT_NE(json.find("\"printer\""), std::string::npos) << json;
 }
@@ -258,7 +260,8 @@ TEST(actor_errors, a_throwing_actor_stops_the_graph_and_names_itself) {
 TEST(actor_errors, the_deadline_names_what_each_actor_waits_for) {
   actor_graph g;
   auto& src = g.add_actor<out<int, 1>>("numbers", counter(1000));
-  auto& slow = g.add_actor<in<int>>("slow sink", [](const int&) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
+  auto& slow =
+      g.add_actor<in<int>>("slow sink", [](const int&) { std::this_thread::sleep_for(std::chrono::milliseconds(5)); });
   g.connect(src.output<0>(), slow.input<0>());
   actor_executor pool(2);
   const auto begin = clock::now();
@@ -283,7 +286,8 @@ TEST(actor_errors, bad_wiring_is_a_usage_error) {
       pool.run(g, deadline_after(seconds(5)));
       ADD_FAILURE() << "no error";
     } catch (const usage_error& e) {
-      EXPECT_NE(std::string(e.what()).find("'dangling source': output 0 feeds no input"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'dangling source': output 0 feeds no input"), std::string::npos)
+          << e.what();
     }
   }
   {

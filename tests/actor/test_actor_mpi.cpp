@@ -19,8 +19,7 @@ communicator world() {
 TEST(actor_mpi, chain_equals_the_serial_result) {
   communicator comm = world();
   for (std::size_t width : {std::size_t{0}, std::size_t{1}, std::size_t{4099}, (std::size_t{1} << 20) + 3})
-    for (drive how : {drive::pool, drive::deterministic})
-      chain_across_ranks(comm, width > 10000 ? 8 : 300, width, how);
+    for (drive how : {drive::pool, drive::deterministic}) chain_across_ranks(comm, width > 10000 ? 8 : 300, width, how);
 }
 
 TEST(actor_mpi, diamond_equals_the_serial_result) {

@@ -45,7 +45,7 @@ TEST(pipeline_schedule_ops, gpipe_stashes_m_and_1f1b_stashes_p_minus_stage) {
                   static_cast<std::size_t>(std::min(p - s, m)));
       }
   using k = pipeline_op::kind;
-  const std::vector<pipeline_op> stage1_of_4 = {{k::forward, 0}, {k::forward, 1}, {k::forward, 2}, {k::backward, 0},
+  const std::vector<pipeline_op> stage1_of_4 = {{k::forward, 0}, {k::forward, 1},  {k::forward, 2},  {k::backward, 0},
                                                 {k::forward, 3}, {k::backward, 1}, {k::backward, 2}, {k::backward, 3}};
   EXPECT_EQ(schedule_ops(pipeline_schedule::one_f_one_b, 4, 1, 4), stage1_of_4);
   EXPECT_THROW(schedule_ops(pipeline_schedule::gpipe, 4, 4, 2), usage_error);
@@ -65,23 +65,31 @@ TEST(pipeline_inproc, equals_the_serial_result_with_the_measured_stash_bounds) {
         for (std::size_t width : {std::size_t{0}, std::size_t{5}}) {
           std::vector<int> placement(static_cast<std::size_t>(p));
           for (int s = 0; s < p; ++s) placement[static_cast<std::size_t>(s)] = s;
-          run_in_process(p, [&](communicator& comm) { pipeline_matches_serial(comm, placement, m, width, schedule); },
-                         test_config());
+          run_in_process(
+              p, [&](communicator& comm) { pipeline_matches_serial(comm, placement, m, width, schedule); },
+              test_config());
         }
 }
 
 TEST(pipeline_inproc, stages_on_any_ranks_and_idle_ranks) {
   // 4 stages on ranks 4, 2, 0, 1 of 6: ranks 3 and 5 hold no stage.
   for (pipeline_schedule schedule : {pipeline_schedule::gpipe, pipeline_schedule::one_f_one_b})
-    run_in_process(6, [&](communicator& comm) { pipeline_matches_serial(comm, {4, 2, 0, 1}, 6, 33, schedule); },
-                   test_config());
+    run_in_process(
+        6,
+        [&](communicator& comm) {
+          pipeline_matches_serial(comm, {4, 2, 0, 1}, 6, 33, schedule);
+        },
+        test_config());
 }
 
 TEST(pipeline_inproc, bad_placement_is_a_usage_error) {
-  run_in_process(2, [&](communicator& comm) {
-    EXPECT_THROW(pipeline_matches_serial(comm, {0, 2}, 2, 1, pipeline_schedule::gpipe), usage_error);
-    EXPECT_THROW(pipeline_matches_serial(comm, {0, 0}, 2, 1, pipeline_schedule::gpipe), usage_error);
-  }, test_config());
+  run_in_process(
+      2,
+      [&](communicator& comm) {
+        EXPECT_THROW(pipeline_matches_serial(comm, {0, 2}, 2, 1, pipeline_schedule::gpipe), usage_error);
+        EXPECT_THROW(pipeline_matches_serial(comm, {0, 0}, 2, 1, pipeline_schedule::gpipe), usage_error);
+      },
+      test_config());
 }
 
 }  // namespace

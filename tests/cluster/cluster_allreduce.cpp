@@ -24,9 +24,13 @@ namespace {
 template <class T>
 MPI_Datatype mpi_type();
 template <>
-MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+MPI_Datatype mpi_type<float>() {
+  return MPI_FLOAT;
+}
 template <>
-MPI_Datatype mpi_type<std::int32_t>() { return MPI_INT32_T; }
+MPI_Datatype mpi_type<std::int32_t>() {
+  return MPI_INT32_T;
+}
 
 /// Wrong elements of one allreduce of `n` elements with algorithm `a`, against the serial sum and
 /// MPI_Allreduce; prints the first mismatch.
@@ -43,8 +47,8 @@ std::size_t check(flexpar::communicator& comm, std::size_t n, flexpar::algorithm
     const T serial = static_cast<T>(p * (p + 1) / 2 * static_cast<int>(i % 7 + 1));
     if (ours[i] != serial || theirs[i] != serial) {
       if (wrong == 0)
-        std::fprintf(stderr, "rank %d: allreduce %s of %zu %s, element %zu: flexpar %g, MPI_Allreduce %g, serial %g\n", r,
-                     std::string(flexpar::name_of(a)).c_str(), n, type, i, static_cast<double>(ours[i]),
+        std::fprintf(stderr, "rank %d: allreduce %s of %zu %s, element %zu: flexpar %g, MPI_Allreduce %g, serial %g\n",
+                     r, std::string(flexpar::name_of(a)).c_str(), n, type, i, static_cast<double>(ours[i]),
                      static_cast<double>(theirs[i]), static_cast<double>(serial));
       ++wrong;
     }

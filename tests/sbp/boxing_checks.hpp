@@ -14,7 +14,8 @@ namespace flexpar::sbp::testing_support {
 template <class T>
 std::vector<T> logical(const shape_t& shape, int salt) {
   std::vector<T> v(elements_of(shape));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(static_cast<int>((i * 7 + static_cast<std::size_t>(salt)) % 23) - 11);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<T>(static_cast<int>((i * 7 + static_cast<std::size_t>(salt)) % 23) - 11);
   return v;
 }
 
@@ -22,9 +23,10 @@ template <class... S>
 struct list {};
 
 using one_axis = list<split<0>, split<1>, split<2>, broadcast, partial_sum, partial<reduce_op::max>>;
-using two_axes = list<sbp<split<0>, split<1>>, sbp<split<0>, split<0>>, sbp<split<1>, broadcast>, sbp<broadcast, split<2>>,
-                      sbp<partial_sum, split<0>>, sbp<split<2>, partial_sum>, sbp<broadcast, broadcast>,
-                      sbp<partial_sum, partial_sum>, sbp<partial_sum, broadcast>, sbp<split<1>, split<1>>>;
+using two_axes =
+    list<sbp<split<0>, split<1>>, sbp<split<0>, split<0>>, sbp<split<1>, broadcast>, sbp<broadcast, split<2>>,
+         sbp<partial_sum, split<0>>, sbp<split<2>, partial_sum>, sbp<broadcast, broadcast>,
+         sbp<partial_sum, partial_sum>, sbp<partial_sum, broadcast>, sbp<split<1>, split<1>>>;
 
 template <class... A, class F>
 void for_each_pair(list<A...>, F&& f) {

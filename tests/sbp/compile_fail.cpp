@@ -12,11 +12,11 @@ void program(const placement<1>& mesh, const placement<2>& mesh2) {
   auto whole = global_tensor<float, broadcast>::from_full(mesh, {4, 4}, std::vector<float>(16));
   (void)mesh2;
 #if FLEXPAR_CASE == 0
-  auto ok1 = matmul(partial_x, to<broadcast>(rows));      // (P, B) -> P
-  auto ok2 = relu(to<broadcast>(partial_x));              // B -> B
-  auto ok3 = mul(partial_x, whole);                        // (P, B) -> P
-  auto ok4 = to<sbp<split<0>, broadcast>>(global_tensor<float, sbp<broadcast, broadcast>>::from_full(
-      mesh2, {4, 4}, std::vector<float>(16)));
+  auto ok1 = matmul(partial_x, to<broadcast>(rows));  // (P, B) -> P
+  auto ok2 = relu(to<broadcast>(partial_x));          // B -> B
+  auto ok3 = mul(partial_x, whole);                   // (P, B) -> P
+  auto ok4 = to<sbp<split<0>, broadcast>>(
+      global_tensor<float, sbp<broadcast, broadcast>>::from_full(mesh2, {4, 4}, std::vector<float>(16)));
   (void)ok1, (void)ok2, (void)ok3, (void)ok4;
 #elif FLEXPAR_CASE == 1  // matmul with no signature: (P(sum), S(0))
   auto bad = matmul(partial_x, rows);

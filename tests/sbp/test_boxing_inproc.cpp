@@ -3,13 +3,13 @@
 // uneven for 2, 3 and 4 ranks, include an empty axis, and every tensor axis is split.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <numeric>
 #include <tuple>
-#include <algorithm>
 
 #include <flexpar/sbp/sbp.hpp>
 #include <flexpar/transport/inproc.hpp>
@@ -116,7 +116,8 @@ TEST(boxing, scatter_from_a_root_equals_from_full) {
         const shape_t shape{5, 3};
         const std::vector<float> full = logical<float>(shape, 9);
         for (int root : {0, 3}) {
-          const std::span<const float> given = mesh.my_index() == root ? std::span<const float>(full) : std::span<const float>();
+          const std::span<const float> given =
+              mesh.my_index() == root ? std::span<const float>(full) : std::span<const float>();
           auto t = global_tensor<float, sbp<split<0>, partial_sum>>::scatter(mesh, shape, given, root);
           auto u = global_tensor<float, sbp<split<0>, partial_sum>>::from_full(mesh, shape, full);
           EXPECT_TRUE(std::ranges::equal(t.to_local(), u.to_local())) << "root " << root;
@@ -164,7 +165,8 @@ TEST(boxing, bad_input_is_a_clear_error) {
           (void)global_tensor<float, split<2>>::from_full(mesh, {4, 4}, std::vector<float>(16));
           ADD_FAILURE() << "split of a missing axis accepted";
         } catch (const usage_error& e) {
-          EXPECT_NE(std::string(e.what()).find("splits tensor axis 2 but the shape [4, 4] has 2 axes"), std::string::npos)
+          EXPECT_NE(std::string(e.what()).find("splits tensor axis 2 but the shape [4, 4] has 2 axes"),
+                    std::string::npos)
               << e.what();
         }
         try {
@@ -172,7 +174,8 @@ TEST(boxing, bad_input_is_a_clear_error) {
           ADD_FAILURE() << "wrong shard size accepted";
         } catch (const usage_error& e) {
           EXPECT_NE(std::string(e.what()).find("S(0)"), std::string::npos) << e.what();
-          EXPECT_NE(std::string(e.what()).find(comm.rank() == 0 ? "shard of 6 elements [3, 2]" : "shard of 4 elements [2, 2]"),
+          EXPECT_NE(std::string(e.what()).find(comm.rank() == 0 ? "shard of 6 elements [3, 2]"
+                                                                : "shard of 4 elements [2, 2]"),
                     std::string::npos)
               << e.what();
         }

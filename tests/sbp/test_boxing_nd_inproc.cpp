@@ -32,12 +32,13 @@ TEST_P(boxing_2d, every_nd_route_gives_back_the_logical_tensor) {
       flexpar::testing_support::with_timeout());
 }
 
-INSTANTIATE_TEST_SUITE_P(meshes, boxing_2d,
-                         ::testing::Values(std::array<int, 2>{2, 2}, std::array<int, 2>{1, 3}, std::array<int, 2>{3, 1},
-                                           std::array<int, 2>{2, 1}),
-                         [](const auto& info) {
-                           return std::string("m").append(std::to_string(info.param[0])).append("x").append(std::to_string(info.param[1]));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    meshes, boxing_2d,
+    ::testing::Values(std::array<int, 2>{2, 2}, std::array<int, 2>{1, 3}, std::array<int, 2>{3, 1},
+                      std::array<int, 2>{2, 1}),
+    [](const auto& info) {
+      return std::string("m").append(std::to_string(info.param[0])).append("x").append(std::to_string(info.param[1]));
+    });
 
 }  // namespace
 }  // namespace flexpar::sbp

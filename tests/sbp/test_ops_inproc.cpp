@@ -16,7 +16,8 @@ namespace {
 template <class T>
 std::vector<T> values(std::size_t n, int salt) {
   std::vector<T> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(static_cast<int>((i * 5 + static_cast<std::size_t>(salt) * 3) % 11) - 5);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = static_cast<T>(static_cast<int>((i * 5 + static_cast<std::size_t>(salt) * 3) % 11) - 5);
   return v;
 }
 
@@ -165,11 +166,11 @@ TEST(ops_2d, nd_signatures_compose_per_mesh_axis) {
         int salt = 0;
         for (auto [m, k, n] : {std::array<std::size_t, 3>{5, 3, 4}, {6, 5, 7}}) {
           // data x model: rows by data, Megatron's column then row parallel
-          check_matmul<sbp<split<0>, broadcast>, sbp<broadcast, split<1>>>(mesh, m, k, n, ++salt);   // (S0, S1)
-          check_matmul<sbp<split<0>, split<1>>, sbp<broadcast, split<0>>>(mesh, m, k, n, ++salt);    // (S0, P)
-          check_matmul<sbp<split<1>, split<1>>, sbp<split<0>, split<0>>>(mesh, m, k, n, ++salt);     // (P, P)
+          check_matmul<sbp<split<0>, broadcast>, sbp<broadcast, split<1>>>(mesh, m, k, n, ++salt);     // (S0, S1)
+          check_matmul<sbp<split<0>, split<1>>, sbp<broadcast, split<0>>>(mesh, m, k, n, ++salt);      // (S0, P)
+          check_matmul<sbp<split<1>, split<1>>, sbp<split<0>, split<0>>>(mesh, m, k, n, ++salt);       // (P, P)
           check_matmul<sbp<partial_sum, split<0>>, sbp<broadcast, broadcast>>(mesh, m, k, n, ++salt);  // (P, S0)
-          check_matmul<sbp<split<0>, split<0>>, sbp<broadcast, broadcast>>(mesh, m, k, n, ++salt);   // (S0, S0)
+          check_matmul<sbp<split<0>, split<0>>, sbp<broadcast, broadcast>>(mesh, m, k, n, ++salt);     // (S0, S0)
         }
         using out = decltype(matmul(std::declval<global_tensor<float, sbp<split<0>, split<1>>>&>(),
                                     std::declval<global_tensor<float, sbp<broadcast, split<0>>>&>()));

@@ -39,12 +39,12 @@ TEST(placement_change, n_to_m_ranks_keeps_the_logical_tensor) {
         placement<2> grid(comm, {2, 2});
         int salt = 0;
         for (const shape_t& shape : {shape_t{5, 3}, shape_t{7, 2}, shape_t{0, 4}}) {
-          check_move<split<0>, broadcast>(first3, last, shape, ++salt);       // 3 -> 1
-          check_move<broadcast, split<1>>(one, all, shape, ++salt);           // 1 -> 4
-          check_move<split<1>, split<0>>(first3, middle, shape, ++salt);      // 3 -> 2 (reordered ranks)
-          check_move<partial_sum, split<0>>(all, first3, shape, ++salt);      // P source
-          check_move<split<0>, partial_sum>(middle, all, shape, ++salt);      // P target
-          check_move<sbp<split<0>, split<1>>, split<0>>(grid, first3, shape, ++salt);  // 2-D -> 1-D
+          check_move<split<0>, broadcast>(first3, last, shape, ++salt);                 // 3 -> 1
+          check_move<broadcast, split<1>>(one, all, shape, ++salt);                     // 1 -> 4
+          check_move<split<1>, split<0>>(first3, middle, shape, ++salt);                // 3 -> 2 (reordered ranks)
+          check_move<partial_sum, split<0>>(all, first3, shape, ++salt);                // P source
+          check_move<split<0>, partial_sum>(middle, all, shape, ++salt);                // P target
+          check_move<sbp<split<0>, split<1>>, split<0>>(grid, first3, shape, ++salt);   // 2-D -> 1-D
           check_move<split<1>, sbp<broadcast, split<0>>>(middle, grid, shape, ++salt);  // 1-D -> 2-D
           check_move<sbp<partial_sum, split<0>>, sbp<split<1>, partial_sum>>(grid, grid, shape, ++salt);
         }
@@ -106,8 +106,7 @@ TEST(dynamic_form, matmul_picks_the_cheapest_signature) {
         // (S(1), S(0)) needs b: S(1) -> S(0) (an alltoall of the small b); that beats gathering a.
         auto x1 = dynamic_tensor<float, 1>::from_full(mesh, {m, k}, S1, a);
         auto y1 = dynamic_tensor<float, 1>::from_full(mesh, {k, n}, S1, b);
-        const chosen_signature sig =
-            cheapest_matmul_signature(S1, {m, k}, S1, {k, n}, mesh.shape(), sizeof(float));
+        const chosen_signature sig = cheapest_matmul_signature(S1, {m, k}, S1, {k, n}, mesh.shape(), sizeof(float));
         EXPECT_EQ(sig.left, S1);
         EXPECT_EQ(sig.right, S0);
         auto z1 = matmul(x1, y1);

@@ -20,7 +20,8 @@ TEST(sbp_mpi, every_1d_boxing_pair_gives_back_the_logical_tensor) {
   placement<1> mesh(comm, {comm.size()});
   int salt = 0;
   for (const shape_t& shape : shapes())
-    for_each_pair(one_axis{}, [&]<class From, class To>(From, To) { check_pair<float, From, To>(mesh, shape, ++salt); });
+    for_each_pair(one_axis{},
+                  [&]<class From, class To>(From, To) { check_pair<float, From, To>(mesh, shape, ++salt); });
 }
 
 TEST(sbp_mpi, nd_routes_on_a_mesh) {
@@ -29,7 +30,8 @@ TEST(sbp_mpi, nd_routes_on_a_mesh) {
   placement<2> mesh(comm, {2, 2});
   int salt = 0;
   for (const shape_t& shape : {shape_t{5, 3, 4}, shape_t{2, 5, 3}})
-    for_each_pair(two_axes{}, [&]<class From, class To>(From, To) { check_pair<double, From, To>(mesh, shape, ++salt); });
+    for_each_pair(two_axes{},
+                  [&]<class From, class To>(From, To) { check_pair<double, From, To>(mesh, shape, ++salt); });
 }
 
 TEST(sbp_mpi, placement_change_and_the_partial_sum_match_mpi) {
@@ -38,7 +40,8 @@ TEST(sbp_mpi, placement_change_and_the_partial_sum_match_mpi) {
   std::vector<int> low, high;
   for (int r = 0; r < p; ++r) (r < (p + 1) / 2 ? low : high).push_back(r);
   if (high.empty()) high = low;
-  placement<1> all(comm, {p}), a(comm, {static_cast<int>(low.size())}, low), b(comm, {static_cast<int>(high.size())}, high);
+  placement<1> all(comm, {p}), a(comm, {static_cast<int>(low.size())}, low),
+      b(comm, {static_cast<int>(high.size())}, high);
   const shape_t shape{7, 5};
   const std::vector<float> full = logical<float>(shape, 5);
   auto t = global_tensor<float, split<0>>::from_full(a, shape, full);

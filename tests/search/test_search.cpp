@@ -179,7 +179,9 @@ TEST(search_config, linear_and_embedding_signatures_are_the_sbp_layers_op_tables
   for (const soap_config& c : candidates(fc, cl)) {
     const sbp_signature s = signature_of(fc, c);
     const auto r = flexpar::sbp::nd_signature(
-        [](const flexpar::sbp::parallel& a, const flexpar::sbp::parallel& b) { return flexpar::sbp::signature::matmul(a, b); },
+        [](const flexpar::sbp::parallel& a, const flexpar::sbp::parallel& b) {
+          return flexpar::sbp::signature::matmul(a, b);
+        },
         s.input, s.weight);
     ASSERT_TRUE(r.ok) << to_string(c);
     EXPECT_TRUE(r.out == s.output) << to_string(c) << ": " << flexpar::sbp::to_string(r.out) << " vs "
@@ -207,8 +209,8 @@ TEST(search_config, candidates_are_valid_and_complete) {
   // device counts 1, 2, 4: factorisations 1, 3, 6; aligned device sets 4, 2, 1
   EXPECT_EQ(all.size(), 1u * 4 + 3u * 2 + 6u * 1);
   for (const soap_config& c : all) EXPECT_TRUE(valid(fc, c, cl));
-  EXPECT_FALSE(valid(fc, {3, 1, 1, 0}, cl));   // 3 does not divide 4
-  EXPECT_FALSE(valid(fc, {2, 1, 1, 1}, cl));   // not aligned
+  EXPECT_FALSE(valid(fc, {3, 1, 1, 0}, cl));  // 3 does not divide 4
+  EXPECT_FALSE(valid(fc, {2, 1, 1, 1}, cl));  // not aligned
   EXPECT_FALSE(valid(make::attention("a", 8, 64, 16), {1, 2, 1, 0}, cl));
   const op tiny = make::linear("tiny", 2, 128, 256);
   EXPECT_FALSE(valid(tiny, {4, 1, 1, 0}, cl));  // more parts than samples
@@ -222,7 +224,9 @@ TEST(search_config, strategy_json_round_trip_and_errors) {
   }
   const graph g = reference::mlp(64, {16, 32, 8});
   std::string text = to_json(g, data_parallel(g, cl));
-  EXPECT_NE(error_of([&] { strategy_from_json(text, reference::mlp(64, {16, 32, 32, 8}), cl); }).find("one entry per op"),
+  EXPECT_NE(error_of([&] {
+              strategy_from_json(text, reference::mlp(64, {16, 32, 32, 8}), cl);
+            }).find("one entry per op"),
             std::string::npos);
   std::string renamed = text;
   renamed.replace(renamed.find("\"fc2\""), 5, "\"fcX\"");
@@ -230,8 +234,9 @@ TEST(search_config, strategy_json_round_trip_and_errors) {
             std::string::npos);
   std::string bad = text;
   bad.replace(bad.find("\"first_device\": 0"), 17, "\"first_device\": 5");
-  EXPECT_NE(error_of([&] { strategy_from_json(bad, g, cl); }).find("op 0 'fc1': config s=16 a=1 p=1 @[5..21) is not valid"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { strategy_from_json(bad, g, cl); }).find("op 0 'fc1': config s=16 a=1 p=1 @[5..21) is not valid"),
+      std::string::npos);
 }
 
 // ---- the simulator against hand-computed times ---------------------------------------------------
@@ -297,8 +302,8 @@ TEST(search_simulator, data_parallel_into_parameter_parallel_boxes) {
   g.add(b);
   simulator sim(g, hand_cluster(1, 2));
   const double fwd_a = L + 512e-9, fwd_b = L + 128e-9, bwd_b = L + 256e-9, bwd_a = L + 1024e-9;
-  const double allgather = alpha + 128 * beta;       // S(0) -> B of a's 256-byte output
-  const double reduce_scatter = alpha + 128 * beta;  // its gradient P(sum) -> S(0)
+  const double allgather = alpha + 128 * beta;        // S(0) -> B of a's 256-byte output
+  const double reduce_scatter = alpha + 128 * beta;   // its gradient P(sum) -> S(0)
   const double allreduce_a = 2 * alpha + 512 * beta;  // b's weight is S(1): nothing to allreduce
   const double expected = fwd_a + allgather + fwd_b + bwd_b + reduce_scatter + bwd_a + allreduce_a + 2 * L;
   EXPECT_NEAR(sim.simulate({{2, 1, 1, 0}, {1, 1, 2, 0}}), expected, 1e-12);
@@ -345,7 +350,9 @@ TEST(search_simulator, memory_limit_and_bad_configs) {
   simulator sim(g, cl);
   EXPECT_TRUE(std::isinf(sim.simulate({{2, 1, 1, 0}})));
   EXPECT_FALSE(std::isinf(sim.simulate({{1, 1, 2, 0}})));  // half the weights each: 8 MiB
-  EXPECT_NE(error_of([&] { sim.simulate({{3, 1, 1, 0}}); }).find("op 0 'fc': config s=3 a=1 p=1 @[0..3) is not valid"),
+  EXPECT_NE(error_of([&] {
+              sim.simulate({{3, 1, 1, 0}});
+            }).find("op 0 'fc': config s=3 a=1 p=1 @[0..3) is not valid"),
             std::string::npos);
   EXPECT_NE(error_of([&] { sim.simulate({}); }).find("0 configs"), std::string::npos);
   simulator fresh(g, cl);

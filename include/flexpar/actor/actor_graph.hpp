@@ -4,7 +4,8 @@
 /// @code
 ///   flexpar::actor_graph g;                                   // one rank (or actor_graph g(comm))
 ///   auto& numbers = g.add_actor<flexpar::out<int, 2>>("numbers",
-///       [i = 0](int& x) mutable { if (i == 100) return flexpar::fire_result::done; x = i++; return flexpar::fire_result::emit; });
+///       [i = 0](int& x) mutable { if (i == 100) return flexpar::fire_result::done; x = i++; return
+///       flexpar::fire_result::emit; });
 ///   auto& square = g.add_actor<flexpar::in<int>, flexpar::out<long, 2>>("square",
 ///       [](const int& x, long& y) { y = long{x} * x; });
 ///   long sum = 0;
@@ -170,8 +171,7 @@ class actor_graph {
   /// Collective over `comm`: a graph whose actors may sit on any rank of `comm`. Cross-rank edges
   /// move bytes on a private split of comm's transport (never mixing with comm's own messages);
   /// the internal waits of the protocol use comm's timeout. `comm` must outlive nothing here.
-  explicit actor_graph(communicator& comm)
-      : core_(std::make_unique<detail::graph_core>(comm.rank(), comm.size())) {
+  explicit actor_graph(communicator& comm) : core_(std::make_unique<detail::graph_core>(comm.rank(), comm.size())) {
     core_->bus = comm.transport().split(0, comm.rank());
     core_->bus_timeout = comm.settings().timeout;
   }
@@ -200,7 +200,8 @@ class actor_graph {
       throw usage_error(text);
     }
     const auto kind = rank == core_->rank() ? detail::node_kind::local : detail::node_kind::elsewhere;
-    auto node = std::make_unique<detail::actor_with_body<Body, Ports...>>(std::move(label), rank, kind, std::move(body));
+    auto node =
+        std::make_unique<detail::actor_with_body<Body, Ports...>>(std::move(label), rank, kind, std::move(body));
     return static_cast<actor<Ports...>&>(core_->add(std::move(node)));
   }
 

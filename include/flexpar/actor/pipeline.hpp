@@ -81,11 +81,11 @@ struct pipeline_stage {
 
 /// Measurements of one step on this rank's stage.
 struct pipeline_step_stats {
-  int stage = -1;                     ///< this rank's stage (-1: none; the other fields are empty)
-  std::size_t peak_activations = 0;   ///< most micro-batches stashed at once (the memory counter)
-  double busy_seconds = 0;            ///< time inside forward/backward bodies
-  double step_seconds = 0;            ///< time of the whole step on this rank
-  std::vector<float> losses;          ///< per micro-batch losses (last stage only)
+  int stage = -1;                    ///< this rank's stage (-1: none; the other fields are empty)
+  std::size_t peak_activations = 0;  ///< most micro-batches stashed at once (the memory counter)
+  double busy_seconds = 0;           ///< time inside forward/backward bodies
+  double step_seconds = 0;           ///< time of the whole step on this rank
+  std::vector<float> losses;         ///< per micro-batch losses (last stage only)
 };
 
 /// Builds a pipeline: every rank describes every stage and its rank; each keeps its own.
@@ -116,7 +116,8 @@ class pipeline_builder {
   }
   /// The loss of the last stage's output for micro-batch i; writes d(loss)/d(output) (called on the
   /// last stage's rank). Returns the loss.
-  pipeline_builder& loss(std::function<float(int micro_batch, const std::vector<float>& output, std::vector<float>& grad)> f) {
+  pipeline_builder& loss(
+      std::function<float(int micro_batch, const std::vector<float>& output, std::vector<float>& grad)> f) {
     loss_ = std::move(f);
     return *this;
   }

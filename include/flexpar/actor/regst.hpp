@@ -34,9 +34,9 @@ class regst_base {
   regst_base(const regst_base&) = delete;
   regst_base& operator=(const regst_base&) = delete;
 
-  out_base* owner = nullptr;  ///< the output port this register belongs to
-  int readers_left = 0;       ///< consumers that have not returned it yet (under the graph's lock)
-  std::uint64_t sequence = 0; ///< the producer's message number carried by this register
+  out_base* owner = nullptr;   ///< the output port this register belongs to
+  int readers_left = 0;        ///< consumers that have not returned it yet (under the graph's lock)
+  std::uint64_t sequence = 0;  ///< the producer's message number carried by this register
 };
 
 /// What every input mailbox is, whatever its payload type.

@@ -57,17 +57,20 @@ struct edge_control {
 
 /// The header of each message (or alone, at end of stream); an inline payload follows it.
 struct edge_header {
-  std::uint64_t bytes = 0;          ///< payload size
-  std::uint32_t end_of_stream = 0;  ///< 1: no payload, the producer has ended; 2: it aborted
-  std::uint32_t inline_payload = 0; ///< 1: the payload follows in this message, else on the payload tag
+  std::uint64_t bytes = 0;           ///< payload size
+  std::uint32_t end_of_stream = 0;   ///< 1: no payload, the producer has ended; 2: it aborted
+  std::uint32_t inline_payload = 0;  ///< 1: the payload follows in this message, else on the payload tag
 };
 
 /// What both ends share: the peer and the tags.
 class remote_end : public actor_node {
  public:
   remote_end(std::string label, int rank, node_kind kind, int peer, tag_t channel)
-      : actor_node(std::move(label), rank, kind), peer_(peer), control_tag_(3 * channel),
-        message_tag_(3 * channel + 1), payload_tag_(3 * channel + 2) {}
+      : actor_node(std::move(label), rank, kind),
+        peer_(peer),
+        control_tag_(3 * channel),
+        message_tag_(3 * channel + 1),
+        payload_tag_(3 * channel + 2) {}
 
   /// Never fired by an executor: the cross-rank ends move through poll().
   fire_result invoke(std::span<regst_base* const>, std::span<regst_base* const>) override { return fire_result::skip; }
@@ -168,7 +171,8 @@ class remote_sender final : public remote_end {
       }
       s.message.resize(sizeof(h) + (h.inline_payload ? payload.size() : 0));
       std::memcpy(s.message.data(), &h, sizeof(h));
-      if (h.inline_payload && !payload.empty()) std::memcpy(s.message.data() + sizeof(h), payload.data(), payload.size());
+      if (h.inline_payload && !payload.empty())
+        std::memcpy(s.message.data() + sizeof(h), payload.data(), payload.size());
       s.message_sent = t.isend(peer_, message_tag_, s.message);
       if (r != nullptr && !h.inline_payload) s.payload_sent = t.isend(peer_, payload_tag_, payload);
       if (r == nullptr) {  // end of stream: nothing to acknowledge; keep only the send

@@ -41,8 +41,9 @@ struct wire {
 /// The bytes of a vector of trivially copyable elements: its elements (resized on receipt).
 template <class U, class A>
 struct wire<std::vector<U, A>> {
-  static_assert(std::is_trivially_copyable_v<U>,
-                "flexpar::wire<std::vector<U>>: the elements of a vector that crosses ranks must be trivially copyable");
+  static_assert(
+      std::is_trivially_copyable_v<U>,
+      "flexpar::wire<std::vector<U>>: the elements of a vector that crosses ranks must be trivially copyable");
   /// The bytes to send for `value`.
   static std::span<const std::byte> bytes(const std::vector<U, A>& value) noexcept {
     return std::as_bytes(std::span(value.data(), value.size()));

@@ -48,8 +48,8 @@ namespace flexpar::sbp {
 /// and my shard (replaced by the transform).
 template <element T>
 struct axis_view {
-  communicator& comm;   ///< the mesh-axis group
-  shape_t group_shape;  ///< the tensor the group holds jointly (other axes' splits applied)
+  communicator& comm;    ///< the mesh-axis group
+  shape_t group_shape;   ///< the tensor the group holds jointly (other axes' splits applied)
   std::vector<T> local;  ///< my shard under the current SBP of this axis
 };
 
@@ -144,8 +144,7 @@ void box_axis(axis_view<T>& v, split<I>, broadcast) {
 
 /// S(i) -> S(j), i != j: cut my shard by j's parts, alltoall_v, assemble by i's parts.
 template <element T, int I, int J>
-  requires(I != J)
-void box_axis(axis_view<T>& v, split<I>, split<J>) {
+requires(I != J) void box_axis(axis_view<T>& v, split<I>, split<J>) {
   const int p = v.comm.size(), me = v.comm.rank();
   const auto rows_i = detail::parts_of(v.group_shape[I], p), rows_j = detail::parts_of(v.group_shape[J], p);
   const shape_t mine_now = with_extent(v.group_shape, I, rows_i[static_cast<std::size_t>(me)].count);
@@ -159,7 +158,8 @@ void box_axis(axis_view<T>& v, split<I>, split<J>) {
     from[J] = rows_j[static_cast<std::size_t>(k)].offset;
     copy_box<T>(v.local, mine_now, from, std::span<T>(packed).subspan(at), extent, shape_t(extent.size(), 0), extent);
     sends[static_cast<std::size_t>(k)] = elements_of(extent);
-    receives[static_cast<std::size_t>(k)] = elements_of(with_extent(mine_next, I, rows_i[static_cast<std::size_t>(k)].count));
+    receives[static_cast<std::size_t>(k)] =
+        elements_of(with_extent(mine_next, I, rows_i[static_cast<std::size_t>(k)].count));
     at += sends[static_cast<std::size_t>(k)];
   }
   std::vector<T> incoming(elements_of(mine_next));
@@ -171,7 +171,8 @@ void box_axis(axis_view<T>& v, split<I>, split<J>) {
     const shape_t extent = with_extent(mine_next, I, rows_i[static_cast<std::size_t>(k)].count);
     shape_t to(v.group_shape.size(), 0);
     to[I] = rows_i[static_cast<std::size_t>(k)].offset;
-    copy_box<T>(std::span<const T>(incoming).subspan(at), extent, shape_t(extent.size(), 0), next, mine_next, to, extent);
+    copy_box<T>(std::span<const T>(incoming).subspan(at), extent, shape_t(extent.size(), 0), next, mine_next, to,
+                extent);
     at += elements_of(extent);
   }
   v.local = std::move(next);
@@ -211,8 +212,7 @@ void box_axis(axis_view<T>& v, split<I>, partial<Op>) {
 /// P(a) -> P(b), a != b: no one-step transform; routes go through B (this overload is reached only by
 /// a hand-made dynamic route).
 template <element T, reduce_op A, reduce_op B>
-  requires(A != B)
-void box_axis(axis_view<T>& v, partial<A>, partial<B>) {
+requires(A != B) void box_axis(axis_view<T>& v, partial<A>, partial<B>) {
   throw usage_error(detail::on_rank(v.comm.rank(), "box_axis") + "P(" + std::string(name_of(A)) + ") -> P(" +
                     std::string(name_of(B)) + ") has no one-step transform; box through B");
 }
@@ -255,11 +255,11 @@ constexpr double nominal_step_cost(const nd_parallel& cur, std::size_t d, const 
     if (e != d && cur[e].is_split()) held /= 2;
   const parallel& from = cur[d];
   if (from == to) return 0;
-  if (from.is_partial() && to.is_broadcast()) return held;         // allreduce: 2 (p-1)/p
-  if (from.is_partial() && to.is_split()) return held / 2;         // reduce-scatter
-  if (from.is_split() && to.is_broadcast()) return held / 2;       // allgather
-  if (from.is_split() && to.is_split()) return held / 4;           // alltoall
-  return 0;                                                        // local
+  if (from.is_partial() && to.is_broadcast()) return held;    // allreduce: 2 (p-1)/p
+  if (from.is_partial() && to.is_split()) return held / 2;    // reduce-scatter
+  if (from.is_split() && to.is_broadcast()) return held / 2;  // allgather
+  if (from.is_split() && to.is_split()) return held / 4;      // alltoall
+  return 0;                                                   // local
 }
 
 /// Appends the step (d: cur[d] -> to) to r, as two steps through B for P(a) -> P(b).
@@ -358,7 +358,7 @@ inline constexpr route route_of = plan(nd_of<From>::value, nd_of<To>::value);
 
 /// Same layout: boxing is free.
 template <sbp_type A, sbp_type B>
-inline constexpr bool same_layout = nd_of<A>::mesh_rank == nd_of<B>::mesh_rank && nd_of<A>::value == nd_of<B>::value;
+inline constexpr bool same_layout = nd_of<A>::mesh_rank == nd_of<B>::mesh_rank&& nd_of<A>::value == nd_of<B>::value;
 
 namespace detail {
 template <sbp_type From, sbp_type To>
@@ -374,8 +374,7 @@ constexpr void check_mesh_rank() {
 /// place). Collective over t's mesh (every mesh rank calls it; ranks outside pass their empty tensor).
 /// Returns a global_tensor<T, To, M>.
 template <sbp_type To, element T, sbp_type From, class M>
-  requires(!same_layout<From, To>)
-auto to(global_tensor<T, From, M>&& t) {
+requires(!same_layout<From, To>) auto to(global_tensor<T, From, M>&& t) {
   if constexpr (nd_of<From>::mesh_rank != nd_of<To>::mesh_rank) {
     detail::check_mesh_rank<From, To>();
   } else {
@@ -388,7 +387,8 @@ auto to(global_tensor<T, From, M>&& t) {
         (detail::run_axis<T, nd_of<From>::mesh_rank, detail::type_of<r.steps[K].from>, detail::type_of<r.steps[K].to>>(
              where, shape, r.before[K], r.steps[K].axis, local),
          ...);
-      }(std::make_index_sequence<r.count>{});
+      }
+      (std::make_index_sequence<r.count>{});
     }
     return global_tensor<T, To, M>::adopt(where, shape, std::move(local));
   }
@@ -396,23 +396,19 @@ auto to(global_tensor<T, From, M>&& t) {
 
 /// Boxing of a tensor that stays usable: boxes a copy.
 template <sbp_type To, element T, sbp_type From, class M>
-  requires(!same_layout<From, To>)
-auto to(const global_tensor<T, From, M>& t) {
-  return to<To>(t.clone());
-}
+requires(!same_layout<From, To>) auto to(const global_tensor<T, From, M>& t) { return to<To>(t.clone()); }
 
 /// X -> X: the tensor itself (no allocation, no copy). Bind the result with auto&&.
 template <sbp_type To, element T, sbp_type From, class M>
-  requires(same_layout<From, To>)
-const global_tensor<T, From, M>& to(const global_tensor<T, From, M>& t) noexcept {
+requires(same_layout<From, To>) const global_tensor<T, From, M>& to(const global_tensor<T, From, M>& t) noexcept {
   detail::check_mesh_rank<From, To>();
   return t;
 }
 
 /// X -> X on an rvalue: the tensor itself, moved through.
 template <sbp_type To, element T, sbp_type From, class M>
-  requires(same_layout<From, To>)
-global_tensor<T, From, M>&& to(global_tensor<T, From, M>&& t) noexcept {
+requires(same_layout<From, To>) global_tensor<T, From, M> && to(global_tensor<T, From, M>&& t)
+noexcept {
   detail::check_mesh_rank<From, To>();
   return std::move(t);
 }
@@ -464,9 +460,8 @@ auto to(const global_tensor<T, From, M>& t, const placement<N2>& dest) {
   using Dst = detail::sbp_type_of<dst_sbp, false>;
   communicator& parent = t.where().parent();
   if (&parent != &dest.parent())
-    throw usage_error(detail::on_rank(parent.rank(), "sbp::to(placement)") + "the source mesh " +
-                      t.where().describe() + " and the destination mesh " + dest.describe() +
-                      " are built over different communicators");
+    throw usage_error(detail::on_rank(parent.rank(), "sbp::to(placement)") + "the source mesh " + t.where().describe() +
+                      " and the destination mesh " + dest.describe() + " are built over different communicators");
   auto&& src = to<Src>(t);
   const shape_t& shape = t.shape();
   const placement<N1>& from = t.where();
@@ -546,8 +541,8 @@ inline cost route_cost(const route& r, const shape_t& shape, std::span<const int
   for (std::size_t k = 0; k < r.count; ++k) {
     const route_step& s = r.steps[k];
     const box held = shard_box(shape, r.before[k], mesh_shape, origin, s.axis);
-    total = total + axis_step_cost(s.from, s.to, mesh_shape[s.axis],
-                                   static_cast<double>(held.elements() * element_bytes));
+    total =
+        total + axis_step_cost(s.from, s.to, mesh_shape[s.axis], static_cast<double>(held.elements() * element_bytes));
   }
   return total;
 }

@@ -48,8 +48,9 @@ decltype(auto) visit(const parallel& p, F&& f) {
       }
       break;
   }
-  throw usage_error(
-      std::string("sbp::visit: ").append(to_string(p)).append(" is not an SBP flexpar boxes (partial ops: sum, max, min)"));
+  throw usage_error(std::string("sbp::visit: ")
+                        .append(to_string(p))
+                        .append(" is not an SBP flexpar boxes (partial ops: sum, max, min)"));
 }
 
 /// A global tensor whose nd-SBP is a run-time value (header above). Move-only.
@@ -166,11 +167,11 @@ class dynamic_tensor {
 
 /// A chosen signature of a binary op: what each operand is boxed to, the output, and the cost.
 struct chosen_signature {
-  nd_parallel left;   ///< the left operand's SBP for the op
-  nd_parallel right;  ///< the right operand's SBP for the op
-  nd_parallel out;    ///< the output's SBP
-  cost boxing;        ///< the cost of boxing both operands there
-  double seconds = 0; ///< boxing.seconds(machine)
+  nd_parallel left;    ///< the left operand's SBP for the op
+  nd_parallel right;   ///< the right operand's SBP for the op
+  nd_parallel out;     ///< the output's SBP
+  cost boxing;         ///< the cost of boxing both operands there
+  double seconds = 0;  ///< boxing.seconds(machine)
 };
 
 /// The matmul signature (per mesh axis, from the table of ops.hpp) whose boxing of the operands costs
@@ -178,9 +179,9 @@ struct chosen_signature {
 inline chosen_signature cheapest_matmul_signature(const nd_parallel& a, const shape_t& a_shape, const nd_parallel& b,
                                                   const shape_t& b_shape, std::span<const int> mesh_shape,
                                                   std::size_t element_bytes, const cost_params& machine = {}) {
-  constexpr std::pair<parallel, parallel> table[] = {
-      {parallel::S(0), parallel::B()}, {parallel::B(), parallel::S(1)}, {parallel::S(1), parallel::S(0)},
-      {parallel::P(), parallel::B()},  {parallel::B(), parallel::P()},  {parallel::B(), parallel::B()}};
+  constexpr std::pair<parallel, parallel> table[] = {{parallel::S(0), parallel::B()},  {parallel::B(), parallel::S(1)},
+                                                     {parallel::S(1), parallel::S(0)}, {parallel::P(), parallel::B()},
+                                                     {parallel::B(), parallel::P()},   {parallel::B(), parallel::B()}};
   constexpr std::size_t rows = std::size(table);
   std::size_t combos = 1;
   for (std::size_t d = 0; d < a.rank; ++d) combos *= rows;
@@ -210,7 +211,8 @@ template <element T, std::size_t N>
 dynamic_tensor<T, N> matmul(const dynamic_tensor<T, N>& a, const dynamic_tensor<T, N>& b,
                             const cost_params& machine = {}) {
   if (!(a.where() == b.where()))
-    throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "the operands live on different placements");
+    throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") +
+                      "the operands live on different placements");
   if (a.shape().size() != 2 || b.shape().size() != 2 || a.shape()[1] != b.shape()[0])
     throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "shapes " + to_string(a.shape()) + " x " +
                       to_string(b.shape()) + " do not multiply ([m, k] x [k, n])");

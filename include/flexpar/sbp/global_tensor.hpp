@@ -127,9 +127,9 @@ class global_tensor {
                 "on two mesh axes do not commute)");
 
  public:
-  using value_type = T;                      ///< element type
-  using sbp_type = Sbp;                      ///< the SBP as written
-  using nd_sbp = nd_of<Sbp>;                 ///< the SBP as sbp<...>
+  using value_type = T;                                        ///< element type
+  using sbp_type = Sbp;                                        ///< the SBP as written
+  using nd_sbp = nd_of<Sbp>;                                   ///< the SBP as sbp<...>
   static constexpr std::size_t mesh_rank = nd_sbp::mesh_rank;  ///< mesh axes
   using placement_type = placement<mesh_rank>;                 ///< the placement it lives on
 
@@ -214,9 +214,7 @@ class global_tensor {
   /// The placement.
   [[nodiscard]] const placement_type& where() const noexcept { return placement_; }
   /// The box of the logical tensor my shard covers (partial shards cover the whole tensor).
-  [[nodiscard]] box my_box() const {
-    return shard_box(shape_, nd_sbp::value, placement_.shape(), placement_.coords());
-  }
+  [[nodiscard]] box my_box() const { return shard_box(shape_, nd_sbp::value, placement_.shape(), placement_.coords()); }
   /// An explicit deep copy.
   [[nodiscard]] global_tensor clone() const {
     global_tensor t(placement_, shape_);
@@ -228,7 +226,9 @@ class global_tensor {
 
   /// Collective over the mesh: the full logical tensor on every mesh rank (empty outside it);
   /// independent of boxing (detail::gather_full), the oracle of the boxing tests.
-  [[nodiscard]] std::vector<T> to_full() const { return detail::gather_full<T>(placement_, shape_, nd_sbp::value, local_); }
+  [[nodiscard]] std::vector<T> to_full() const {
+    return detail::gather_full<T>(placement_, shape_, nd_sbp::value, local_);
+  }
 
   /// The op of the partial entries (sum when there are none).
   static constexpr reduce_op partial_op() noexcept { return detail::partial_op_of(nd_sbp::value); }

@@ -37,8 +37,8 @@ namespace flexpar::sbp {
 
 /// The result of a signature lookup: the output SBP, or none.
 struct signature_result {
-  bool ok = false;       ///< a signature exists
-  parallel out{};        ///< the output SBP (when ok)
+  bool ok = false;  ///< a signature exists
+  parallel out{};   ///< the output SBP (when ok)
   /// No signature.
   static constexpr signature_result none() noexcept { return {}; }
   /// The signature's output is `p`.
@@ -244,7 +244,7 @@ struct operands_on_meshes_of_different_rank {
 namespace detail {
 
 template <sbp_type A, sbp_type B>
-constexpr bool both_one_axis = one_axis_sbp<A> && one_axis_sbp<B>;
+constexpr bool both_one_axis = one_axis_sbp<A>&& one_axis_sbp<B>;
 
 template <sbp_type A, sbp_type B>
 constexpr bool same_mesh_rank() {
@@ -429,8 +429,7 @@ auto embedding(const global_tensor<T, W, M>& weight, const global_tensor<std::in
   } else {
     constexpr nd_signature_result sig = nd_signature(detail::embedding_rule{}, nd_of<W>::value, nd_of<I>::value);
     if constexpr (!sig.ok) {
-      (void)sizeof(
-          diagnostic::embedding_has_no_signature<W, I, detail::fix_type<detail::embedding_rule, W, I>>);
+      (void)sizeof(diagnostic::embedding_has_no_signature<W, I, detail::fix_type<detail::embedding_rule, W, I>>);
       return;
     } else {
       using Out = detail::sbp_type_of<sig.out, detail::both_one_axis<W, I>>;

@@ -25,9 +25,9 @@ enum class kind : unsigned char { split, broadcast, partial };
 
 /// A one-axis SBP as a value (structural: usable as a template argument).
 struct parallel {
-  kind what = kind::broadcast;       ///< split, broadcast or partial
-  int axis = 0;                      ///< the split tensor axis (split only)
-  reduce_op op = reduce_op::sum;     ///< the reduction (partial only)
+  kind what = kind::broadcast;    ///< split, broadcast or partial
+  int axis = 0;                   ///< the split tensor axis (split only)
+  reduce_op op = reduce_op::sum;  ///< the reduction (partial only)
 
   /// S(axis).
   static constexpr parallel S(int a) noexcept { return {kind::split, a, reduce_op::sum}; }

@@ -53,8 +53,9 @@ class placement {
     s_->shape = shape;
     int cells = 1;
     for (int e : shape) {
-      if (e < 1) throw usage_error(detail::on_rank(parent.rank(), "placement") + "mesh extent " +
-                                   std::to_string(e) + " in " + describe(shape) + "; every extent must be >= 1");
+      if (e < 1)
+        throw usage_error(detail::on_rank(parent.rank(), "placement") + "mesh extent " + std::to_string(e) + " in " +
+                          describe(shape) + "; every extent must be >= 1");
       cells *= e;
     }
     if (ranks.empty()) {

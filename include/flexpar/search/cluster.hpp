@@ -21,20 +21,20 @@ namespace flexpar::search {
 
 /// One kind of link: latency (alpha) and bandwidth (1 / beta).
 struct link {
-  double latency = 5e-6;       ///< seconds per message
-  double bandwidth = 10e9;     ///< bytes per second
+  double latency = 5e-6;    ///< seconds per message
+  double bandwidth = 10e9;  ///< bytes per second
 };
 
 /// The cluster spec (header comment).
 struct cluster {
-  int nodes = 1;                         ///< nodes
-  int devices_per_node = 1;              ///< devices on each node
-  double flops = 1e12;                   ///< floating-point operations per second of one device
-  double memory_bandwidth = 100e9;       ///< bytes per second between a device and its memory
+  int nodes = 1;                             ///< nodes
+  int devices_per_node = 1;                  ///< devices on each node
+  double flops = 1e12;                       ///< floating-point operations per second of one device
+  double memory_bandwidth = 100e9;           ///< bytes per second between a device and its memory
   std::uint64_t memory_bytes = 16ull << 30;  ///< memory of one device
-  double kernel_latency = 5e-6;          ///< fixed seconds per kernel launch
-  link intra;                            ///< between devices of one node
-  link inter{10e-6, 1e9};                ///< between nodes
+  double kernel_latency = 5e-6;              ///< fixed seconds per kernel launch
+  link intra;                                ///< between devices of one node
+  link inter{10e-6, 1e9};                    ///< between nodes
 
   /// nodes * devices_per_node.
   [[nodiscard]] int devices() const noexcept { return nodes * devices_per_node; }

@@ -48,11 +48,11 @@ enum class soap_dim : unsigned char { sample, attribute, parameter };
 
 /// The SBP signature of a config: its placement mesh and the nd-SBPs of input, weight and output.
 struct sbp_signature {
-  std::vector<int> mesh;               ///< mesh extents (1-D {1} for a single device)
-  std::vector<soap_dim> dims;          ///< what each mesh axis cuts
-  sbp::nd_parallel input;              ///< what the op needs its input(s) to be
-  sbp::nd_parallel weight;             ///< its weight's layout (B on an axis: replicas whose gradients are allreduced)
-  sbp::nd_parallel output;             ///< what it produces
+  std::vector<int> mesh;       ///< mesh extents (1-D {1} for a single device)
+  std::vector<soap_dim> dims;  ///< what each mesh axis cuts
+  sbp::nd_parallel input;      ///< what the op needs its input(s) to be
+  sbp::nd_parallel weight;     ///< its weight's layout (B on an axis: replicas whose gradients are allreduced)
+  sbp::nd_parallel output;     ///< what it produces
 };
 
 /// The signature of `c` for `o` (table in the header comment).

@@ -35,23 +35,23 @@ struct search_options {
 
 /// What the progress callback sees.
 struct search_progress {
-  std::size_t iteration = 0;   ///< proposals so far
-  double current = 0;          ///< step time of the chain's state
-  double best = 0;             ///< best step time so far
-  double data_parallel = 0;    ///< step time of data parallelism
-  double elapsed = 0;          ///< seconds since the search began
+  std::size_t iteration = 0;  ///< proposals so far
+  double current = 0;         ///< step time of the chain's state
+  double best = 0;            ///< best step time so far
+  double data_parallel = 0;   ///< step time of data parallelism
+  double elapsed = 0;         ///< seconds since the search began
 };
 
 /// The answer.
 struct search_result {
-  strategy best;                     ///< the returned strategy (data parallelism unless it was beaten)
-  double best_time = 0;              ///< its simulated step time
-  double data_parallel_time = 0;     ///< data parallelism's simulated step time
-  double expert_time = 0;            ///< the expert strategy's simulated step time
-  bool beat_data_parallel = false;   ///< false: `best` is data parallelism
-  std::size_t proposals = 0;         ///< proposals evaluated
-  std::size_t accepted = 0;          ///< proposals accepted
-  double seconds = 0;                ///< wall-clock time of the search
+  strategy best;                    ///< the returned strategy (data parallelism unless it was beaten)
+  double best_time = 0;             ///< its simulated step time
+  double data_parallel_time = 0;    ///< data parallelism's simulated step time
+  double expert_time = 0;           ///< the expert strategy's simulated step time
+  bool beat_data_parallel = false;  ///< false: `best` is data parallelism
+  std::size_t proposals = 0;        ///< proposals evaluated
+  std::size_t accepted = 0;         ///< proposals accepted
+  double seconds = 0;               ///< wall-clock time of the search
 };
 
 /// The MCMC search (header comment). Owns its RNG.

@@ -44,10 +44,10 @@ std::string_view name_of(allreduce_algorithm a) noexcept;
 
 /// What the simulator predicts for one op under the current strategy.
 struct op_times {
-  double forward = 0;              ///< forward computation, seconds
-  double backward = 0;             ///< backward computation
-  double input_boxing = 0;         ///< forward boxing of all its inputs
-  double gradient_allreduce = 0;   ///< allreduce of its weight gradient
+  double forward = 0;                                         ///< forward computation, seconds
+  double backward = 0;                                        ///< backward computation
+  double input_boxing = 0;                                    ///< forward boxing of all its inputs
+  double gradient_allreduce = 0;                              ///< allreduce of its weight gradient
   allreduce_algorithm algorithm = allreduce_algorithm::none;  ///< chosen for that allreduce
 };
 
