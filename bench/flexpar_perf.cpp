@@ -11,6 +11,11 @@
 // the references of the same run: the single-thread `a[i] += b[i]` and memcpy bandwidth of rank 0,
 // and the point-to-point bandwidth between ranks 0 and 1 (flexpar transport, streamed isends).
 // All collectives run in place.
+//
+// --gpu (builds with CUDA): the buffers live on the GPU (device = node-local rank modulo the devices);
+// rows for flexpar's device paths (`nccl` where built, `staged` through pinned host memory) next to
+// MPICH's collective on a host buffer of the same size, and a device-to-device copy of the same bytes
+// as the reference line. Timing: host clock around the call and a stream synchronize.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -25,7 +30,11 @@
 
 #include <flexpar/collective.hpp>
 #include <flexpar/core/check_mpi.hpp>
+#include <flexpar/version.hpp>
 #include "bench_cli.hpp"
+#if FLEXPAR_HAVE_CUDA
+#include <flexpar/cuda/collective.hpp>
+#endif
 
 namespace {
 
@@ -278,6 +287,119 @@ double p2p_bandwidth(communicator& comm, std::size_t bytes, int iterations) {
   return static_cast<double>(bytes) * window / times[times.size() / 2];
 }
 
+#if FLEXPAR_HAVE_CUDA
+/// Runs the device collectives (in place for allreduce and broadcast; allgather and reduce_scatter out of
+/// place into a second device buffer, compared in flexpar's in-place layout) and prints their rows.
+void run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::size_t min_bytes, std::size_t max_bytes,
+                  int factor, int warmup, int iterations, bool check) {
+  namespace fc = flexpar::cuda;
+  const int p = comm.size(), me = comm.rank();
+  const int devices = fc::device_count();
+  if (devices == 0) throw flexpar::usage_error("flexpar_perf --gpu: no CUDA device is present");
+  const int device = comm.topology().local_rank() % devices;
+  const fc::device_guard on(device);
+  fc::device_communicator gpu(comm, device);
+  fc::stream stream;
+  if (me == 0) {
+    std::printf(
+        "# flexpar_perf --gpu: %d ranks, device %d of %d on rank 0, paths: %s staged; reference: MPICH on host "
+        "buffers\n",
+        p, device, devices, gpu.has_nccl() ? "nccl," : "");
+    std::printf("%12s %12s %-15s %-17s %11s %11s %11s %7s %8s\n", "size(B)", "count", "collective", "path", "time(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "#wrong", "vs_mpi");
+  }
+  const std::size_t max_count = max_bytes / sizeof(float) + static_cast<std::size_t>(p);
+  std::vector<float> buffer(max_count), scratch(max_count);
+  fc::device_buffer<float> data(max_count), other(max_count);
+  for (collective c : ops) {
+    if (c == collective::reduce || c == collective::alltoall) continue;  // not in the device API
+    for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= static_cast<std::size_t>(factor)) {
+      const std::size_t count = std::max<std::size_t>(static_cast<std::size_t>(p), bytes / sizeof(float)) /
+                                static_cast<std::size_t>(p) * static_cast<std::size_t>(p);
+      const std::size_t block = count / static_cast<std::size_t>(p);
+      run_setup s{comm, c, count, buffer, scratch};
+      auto upload = [&] {
+        fill(s);
+        if (c == collective::allgather)  // the input is my block
+          fc::copy_async(data.span().first(block),
+                         std::span<const float>(buffer.data() + block * static_cast<std::size_t>(me), block), stream);
+        else
+          fc::copy_async(data.span().first(count), std::span<const float>(buffer.data(), count), stream);
+        fc::synchronize(stream, std::chrono::seconds(60), "upload");
+      };
+      auto download = [&] {  // into flexpar's in-place layout
+        if (c == collective::allgather) {
+          fc::copy_async(std::span<float>(buffer.data(), count), fc::device_span<const float>(other.data(), count),
+                         stream);
+        } else if (c == collective::reduce_scatter) {
+          fc::copy_async(std::span<float>(buffer.data() + block * static_cast<std::size_t>(me), block),
+                         fc::device_span<const float>(other.data(), block), stream);
+        } else {
+          fc::copy_async(std::span<float>(buffer.data(), count), fc::device_span<const float>(data.data(), count),
+                         stream);
+        }
+        fc::synchronize(stream, std::chrono::seconds(60), "download");
+      };
+      auto call = [&](fc::device_path path) {
+        switch (c) {
+          case collective::allreduce: gpu.allreduce(data.span().first(count), reduce_op::sum, stream, path); break;
+          case collective::allgather:
+            gpu.allgather(fc::device_span<const float>(data.data(), block), other.span().first(count), stream, path);
+            break;
+          case collective::reduce_scatter:
+            gpu.reduce_scatter(fc::device_span<const float>(data.data(), count), other.span().first(block),
+                               reduce_op::sum, stream, path);
+            break;
+          default: gpu.broadcast(data.span().first(count), 0, stream, path); break;
+        }
+        gpu.synchronize(stream, "flexpar_perf --gpu");
+      };
+      struct row {
+        std::string path;
+        double time;
+        long long wrong;
+      };
+      std::vector<row> rows;
+      std::vector<fc::device_path> paths{fc::device_path::staged};
+      if (gpu.has_nccl()) paths.insert(paths.begin(), fc::device_path::nccl);
+      for (fc::device_path path : paths) {
+        upload();
+        const double t = time_median(comm.mpi_comm(), warmup, iterations, [&] { call(path); });
+        long long wrong = 0;
+        if (check) {
+          upload();
+          call(path);
+          download();
+          wrong = count_wrong(s);
+          FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()));
+        }
+        rows.push_back({std::string(fc::name_of(path)), t, wrong});
+      }
+      fill(s);
+      rows.push_back({"mpi(host)", time_median(comm.mpi_comm(), warmup, iterations, [&] { run_mpi(s); }), 0});
+      // the reference of the same run: a device-to-device copy of the same bytes on rank 0's GPU
+      const double copy = time_median(comm.mpi_comm(), warmup, iterations, [&] {
+        fc::copy_async(other.span().first(count), fc::device_span<const float>(data.data(), count), stream);
+        fc::synchronize(stream, std::chrono::seconds(60), "copy");
+      });
+      if (me == 0) {
+        const double size = static_cast<double>(count * sizeof(float));
+        const double mpi_busbw = size / rows.back().time * bus_factor(c, p);
+        for (const row& r : rows) {
+          const double algbw = size / r.time / 1e9, busbw = algbw * bus_factor(c, p);
+          char ratio[16] = "";
+          if (r.path != "mpi(host)") std::snprintf(ratio, sizeof ratio, "%.2fx", busbw * 1e9 / mpi_busbw);
+          std::printf("%12zu %12zu %-15s %-17s %11.1f %11.2f %11.2f %7lld %8s\n", count * sizeof(float), count,
+                      name_of(c).c_str(), r.path.c_str(), r.time * 1e6, algbw, busbw, r.wrong, ratio);
+        }
+        std::printf("%12zu %12zu %-15s %-17s %11.1f %11.2f\n", count * sizeof(float), count, "reference", "d2d copy",
+                    copy * 1e6, size / copy / 1e9);
+      }
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -296,6 +418,8 @@ int main(int argc, char** argv) {
                  "comma-separated: allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall, or all");
   app.add_option("-a,--algorithms", algorithms_text,
                  "comma-separated flexpar algorithms (default: every one the op has)");
+  bool gpu_mode = false;
+  app.add_flag("--gpu", gpu_mode, "device buffers: flexpar's device paths (nccl, staged) vs MPICH on host buffers");
   int exit_code = 0;
   try {
     app.parse(argc, argv);
@@ -320,76 +444,89 @@ int main(int argc, char** argv) {
       asked.push_back(algorithm_names.at(name));
     }
     const std::size_t min_bytes = parse_size(min_text), max_bytes = parse_size(max_text);
-    const flexpar::cost_params& machine = flexpar::machine_of(comm);
-
-    if (me == 0) {
-      std::printf(
-          "# flexpar_perf: %d ranks on %d node(s), transport %s, f32 sum, in place, %d iterations (median of the "
-          "slowest rank), %d warm-up\n",
-          p, comm.topology().node_count(), std::string(flexpar::name_of(comm.transport().kind())).c_str(), iterations,
-          warmup);
-      std::printf("# machine for `automatic`: alpha %.2f us, beta %.2f GB/s, gamma %.2f GB/s, copy %.2f GB/s\n#\n",
-                  machine.alpha * 1e6, 1e-9 / machine.beta, 1e-9 / machine.gamma, 1e-9 / machine.copy_beta);
-      std::printf("%12s %12s %5s %5s %-15s %-17s %11s %11s %11s %7s %8s\n", "size(B)", "count", "type", "redop",
-                  "collective", "algorithm", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "vs_mpi");
+    bool gpu_mode_done = false;
+    if (gpu_mode) {
+#if FLEXPAR_HAVE_CUDA
+      run_gpu_mode(comm, ops, min_bytes, max_bytes, factor, warmup, iterations, check != 0);
+      std::fflush(stdout);
+      gpu_mode_done = true;
+#else
+      throw flexpar::usage_error("flexpar_perf --gpu: this build of flexpar has no CUDA (FLEXPAR_WITH_CUDA)");
+#endif
     }
-    std::vector<float> buffer(max_bytes / sizeof(float) + static_cast<std::size_t>(p)), scratch(buffer.size());
-    for (collective c : ops) {
-      for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= static_cast<std::size_t>(factor)) {
-        // whole blocks of p elements, as nccl-tests rounds
-        const std::size_t count = std::max<std::size_t>(static_cast<std::size_t>(p), bytes / sizeof(float)) /
-                                  static_cast<std::size_t>(p) * static_cast<std::size_t>(p);
-        const double size = static_cast<double>(count * sizeof(float));
-        run_setup s{comm, c, count, buffer, scratch};
-        struct row {
-          std::string algorithm;
-          double time;
-          long long wrong;
-        };
-        std::vector<row> rows;
-        auto measure = [&](const std::string& label, auto&& op) {
-          fill(s);
-          const double t = time_median(comm.mpi_comm(), warmup, iterations, op);
-          long long wrong = 0;
-          if (check) {
-            fill(s);
-            op();
-            wrong = count_wrong(s);
-            FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()));
-          }
-          rows.push_back({label, t, wrong});
-        };
-        for (algorithm a : algorithms_for(c, asked, comm)) {
-          std::string label(flexpar::name_of(a));
-          if (a == algorithm::automatic && c == collective::allreduce)
-            label = "auto:" + std::string(flexpar::name_of(flexpar::choose_allreduce(comm, count * sizeof(float))));
-          measure(label, [&] { run_flexpar(s, a); });
-        }
-        measure("mpi", [&] { run_mpi(s); });
-        if (me == 0) {
-          const double mpi_busbw = size / rows.back().time * bus_factor(c, p);
-          for (const row& r : rows) {
-            const double algbw = size / r.time / 1e9, busbw = algbw * bus_factor(c, p);
-            char ratio[16] = "";
-            if (r.algorithm != "mpi") std::snprintf(ratio, sizeof ratio, "%.2fx", busbw * 1e9 / mpi_busbw);
-            std::printf("%12zu %12zu %5s %5s %-15s %-17s %11.1f %11.2f %11.2f %7lld %8s\n", count * sizeof(float),
-                        count, "f32", "sum", name_of(c).c_str(), r.algorithm.c_str(), r.time * 1e6, algbw, busbw,
-                        r.wrong, ratio);
-          }
-        }
-      }
-    }
+    if (!gpu_mode_done) {
+      const flexpar::cost_params& machine = flexpar::machine_of(comm);
 
-    // references of the same run
-    if (me == 0)
-      std::printf("#\n# references: %12s %16s %16s %16s\n", "size(B)", "a+=b(GB/s)", "memcpy(GB/s)", "p2p 0->1(GB/s)");
-    for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= static_cast<std::size_t>(factor)) {
-      const double p2p = p2p_bandwidth(comm, bytes, std::max(3, iterations / 2));
       if (me == 0) {
-        const auto [add, copy] = local_references(bytes, std::max(3, iterations / 2));
-        std::printf("# references: %12zu %16.2f %16.2f %16.2f\n", bytes, add / 1e9, copy / 1e9, p2p / 1e9);
+        std::printf(
+            "# flexpar_perf: %d ranks on %d node(s), transport %s, f32 sum, in place, %d iterations (median of the "
+            "slowest rank), %d warm-up\n",
+            p, comm.topology().node_count(), std::string(flexpar::name_of(comm.transport().kind())).c_str(), iterations,
+            warmup);
+        std::printf("# machine for `automatic`: alpha %.2f us, beta %.2f GB/s, gamma %.2f GB/s, copy %.2f GB/s\n#\n",
+                    machine.alpha * 1e6, 1e-9 / machine.beta, 1e-9 / machine.gamma, 1e-9 / machine.copy_beta);
+        std::printf("%12s %12s %5s %5s %-15s %-17s %11s %11s %11s %7s %8s\n", "size(B)", "count", "type", "redop",
+                    "collective", "algorithm", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "vs_mpi");
       }
-      FLEXPAR_CHECK_MPI(MPI_Barrier(comm.mpi_comm()));
+      std::vector<float> buffer(max_bytes / sizeof(float) + static_cast<std::size_t>(p)), scratch(buffer.size());
+      for (collective c : ops) {
+        for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= static_cast<std::size_t>(factor)) {
+          // whole blocks of p elements, as nccl-tests rounds
+          const std::size_t count = std::max<std::size_t>(static_cast<std::size_t>(p), bytes / sizeof(float)) /
+                                    static_cast<std::size_t>(p) * static_cast<std::size_t>(p);
+          const double size = static_cast<double>(count * sizeof(float));
+          run_setup s{comm, c, count, buffer, scratch};
+          struct row {
+            std::string algorithm;
+            double time;
+            long long wrong;
+          };
+          std::vector<row> rows;
+          auto measure = [&](const std::string& label, auto&& op) {
+            fill(s);
+            const double t = time_median(comm.mpi_comm(), warmup, iterations, op);
+            long long wrong = 0;
+            if (check) {
+              fill(s);
+              op();
+              wrong = count_wrong(s);
+              FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()));
+            }
+            rows.push_back({label, t, wrong});
+          };
+          for (algorithm a : algorithms_for(c, asked, comm)) {
+            std::string label(flexpar::name_of(a));
+            if (a == algorithm::automatic && c == collective::allreduce)
+              label = "auto:" + std::string(flexpar::name_of(flexpar::choose_allreduce(comm, count * sizeof(float))));
+            measure(label, [&] { run_flexpar(s, a); });
+          }
+          measure("mpi", [&] { run_mpi(s); });
+          if (me == 0) {
+            const double mpi_busbw = size / rows.back().time * bus_factor(c, p);
+            for (const row& r : rows) {
+              const double algbw = size / r.time / 1e9, busbw = algbw * bus_factor(c, p);
+              char ratio[16] = "";
+              if (r.algorithm != "mpi") std::snprintf(ratio, sizeof ratio, "%.2fx", busbw * 1e9 / mpi_busbw);
+              std::printf("%12zu %12zu %5s %5s %-15s %-17s %11.1f %11.2f %11.2f %7lld %8s\n", count * sizeof(float),
+                          count, "f32", "sum", name_of(c).c_str(), r.algorithm.c_str(), r.time * 1e6, algbw, busbw,
+                          r.wrong, ratio);
+            }
+          }
+        }
+      }
+
+      // references of the same run
+      if (me == 0)
+        std::printf("#\n# references: %12s %16s %16s %16s\n", "size(B)", "a+=b(GB/s)", "memcpy(GB/s)",
+                    "p2p 0->1(GB/s)");
+      for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= static_cast<std::size_t>(factor)) {
+        const double p2p = p2p_bandwidth(comm, bytes, std::max(3, iterations / 2));
+        if (me == 0) {
+          const auto [add, copy] = local_references(bytes, std::max(3, iterations / 2));
+          std::printf("# references: %12zu %16.2f %16.2f %16.2f\n", bytes, add / 1e9, copy / 1e9, p2p / 1e9);
+        }
+        FLEXPAR_CHECK_MPI(MPI_Barrier(comm.mpi_comm()));
+      }
     }
     std::fflush(stdout);
   } catch (const std::exception& e) {

@@ -21,6 +21,7 @@
 #endif
 #if defined(FLEXPAR_CONSUMER_WITH_CUDA) || defined(FLEXPAR_CONSUMER_WITH_NCCL)
 #include <flexpar/core/check_cuda.hpp>
+#include <flexpar/cuda/collective.hpp>
 #endif
 
 namespace {
@@ -59,6 +60,9 @@ void use_components([[maybe_unused]] int rank) {
 #endif
 #ifdef FLEXPAR_CONSUMER_WITH_CUDA
   FLEXPAR_CHECK_CUDA(rank, cudaSuccess);
+  // libflexpar_cuda links: its device query answers (0 devices on a machine without a GPU).
+  std::printf("[rank %d] consumer: %d CUDA device(s); device paths: %s\n", rank, flexpar::cuda::device_count(),
+              flexpar::built_with_nccl ? "nccl, ring, staged" : "staged");
 #endif
 #ifdef FLEXPAR_CONSUMER_WITH_NCCL
   FLEXPAR_CHECK_NCCL(rank, ncclSuccess);

@@ -3,8 +3,13 @@
 // Under MPI: MPI_Init_thread(MULTIPLE if available), only rank 0 prints the progress listener
 // output (every rank prints its own failures, prefixed by its rank), and the exit status is the
 // same on every rank: 1 if any rank failed. The test run itself is bounded by ctest's TIMEOUT.
+// Compiled with FLEXPAR_TEST_REQUIRES_CUDA (the gpu tests' main): without a CUDA device it prints why
+// and exits with ctest's skip code, 77, before anything else.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#ifdef FLEXPAR_TEST_REQUIRES_CUDA
+#include <flexpar/cuda/runtime.hpp>
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +33,12 @@ class rank_failure_printer : public testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef FLEXPAR_TEST_REQUIRES_CUDA
+  if (!flexpar::cuda::device_present()) {
+    std::printf("%s: no CUDA device is present: skipped (exit 77)\n", argv[0]);
+    return 77;
+  }
+#endif
   testing::InitGoogleTest(&argc, argv);
   // Launched by mpiexec (Hydra sets PMI_RANK) or asked to: initialize MPI. Unit tests do not need it
   // but may call MPI functions (e.g. MPI_Initialized), which works without initialization.

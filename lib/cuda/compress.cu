@@ -1,0 +1,344 @@
+// The compression kernels of flexpar/cuda/kernels.hpp: min-max uint8 (encode, decode, decode-add)
+// and 1-bit signs with error feedback (encode, decode), in the host compressors' byte formats.
+//
+// One warp per chunk (a grid-stride loop over chunks): the warp reduces its chunk's min/max (or sum
+// of |v|) with shuffles, lane 0 writes the chunk's header, and the lanes write the codes (min-max:
+// four per lane per round, with 16-byte loads where the layout is aligned; 1-bit: one warp ballot
+// gives 32 signs = 4 bytes of the format). The arithmetic per element is kernel_math.hpp's, shared
+// with the CPU test. A non-finite input is reported through a device status word: the smallest
+// offending index, by atomicMin.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include <flexpar/cuda/kernels.hpp>
+
+#include "launch.cuh"
+
+namespace flexpar::cuda {
+namespace detail {
+namespace {
+
+constexpr unsigned long long no_error = ~0ull;
+constexpr unsigned full_mask = 0xffffffffu;
+constexpr int warps_per_block = block_threads / 32;
+
+struct warp_position {
+  std::size_t warp;   // this warp's index in the grid
+  std::size_t warps;  // warps in the grid
+  unsigned lane;
+};
+
+__device__ inline warp_position where_am_i() {
+  return {(static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32,
+          static_cast<std::size_t>(gridDim.x) * blockDim.x / 32, threadIdx.x % 32};
+}
+
+/// Chunk c of a tensor of n elements: its first element and its length (only the last may be short).
+struct chunk_range {
+  std::size_t begin;
+  std::size_t size;
+};
+__device__ inline chunk_range chunk_at(std::size_t c, std::size_t chunk, std::size_t n) {
+  const std::size_t begin = c * chunk;
+  return {begin, n - begin < chunk ? n - begin : chunk};
+}
+
+/// Records `index` as a non-finite element when it is smaller than what the word holds.
+__device__ inline void report_non_finite(unsigned long long* status, unsigned long long index) {
+  if (index != no_error) atomicMin(status, index);
+}
+
+// ---- min-max uint8 ----------------------------------------------------------------------------------
+
+// Vectorized: `in` is 16-byte aligned, chunk % 4 == 0 and `out` 4-byte aligned, so every chunk's
+// floats start 16-byte aligned and its codes 4-byte aligned.
+template <bool Vectorized>
+__global__ void __launch_bounds__(block_threads) minmax_encode_kernel(const float* in, std::size_t n, std::size_t chunk,
+                                                                      std::byte* out, unsigned long long* status) {
+  const warp_position me = where_am_i();
+  const std::size_t chunks = (n + chunk - 1) / chunk;
+  for (std::size_t c = me.warp; c < chunks; c += me.warps) {
+    const auto [begin, m] = chunk_at(c, chunk, n);
+    const float* x = in + begin;
+    const std::size_t body = Vectorized ? m / 4 * 4 : 0;  // elements read as float4
+
+    // step 1: the chunk's min and max, and its first non-finite element
+    float lo = INFINITY, hi = -INFINITY;
+    unsigned long long first_bad = no_error;
+    if constexpr (Vectorized)
+      for (std::size_t i = 4 * me.lane; i < body; i += 4 * 32) {
+        const float4 v = *reinterpret_cast<const float4*>(x + i);
+        lo = fminf(fminf(lo, v.x), fminf(v.y, fminf(v.z, v.w)));
+        hi = fmaxf(fmaxf(hi, v.x), fmaxf(v.y, fmaxf(v.z, v.w)));
+        if (first_bad == no_error &&
+            !(math::finite(v.x) && math::finite(v.y) && math::finite(v.z) && math::finite(v.w)))
+          first_bad = begin + i + (math::finite(v.x) ? (math::finite(v.y) ? (math::finite(v.z) ? 3 : 2) : 1) : 0);
+      }
+    for (std::size_t i = body + me.lane; i < m; i += 32) {
+      lo = fminf(lo, x[i]);
+      hi = fmaxf(hi, x[i]);
+      if (first_bad == no_error && !math::finite(x[i])) first_bad = begin + i;
+    }
+    lo = warp_min(lo);
+    hi = warp_max(hi);
+    if (warp_any(first_bad != no_error)) {  // the host encoder throws: leave the chunk, report the index
+      report_non_finite(status, first_bad);
+      continue;
+    }
+
+    // step 2: the header [min][max]
+    std::byte* header = out + math::minmax_chunk_offset(c, chunk);
+    if (me.lane == 0) {
+      store_float(header, lo);
+      store_float(header + sizeof(float), hi);
+    }
+
+    // step 3: the codes
+    const float scale = math::minmax_scale(lo, hi);
+    std::uint8_t* q = reinterpret_cast<std::uint8_t*>(header + math::minmax_header_bytes);
+    if constexpr (Vectorized)
+      for (std::size_t i = 4 * me.lane; i < body; i += 4 * 32) {
+        const float4 v = *reinterpret_cast<const float4*>(x + i);
+        uchar4 codes;
+        codes.x = math::minmax_code(v.x, lo, scale);
+        codes.y = math::minmax_code(v.y, lo, scale);
+        codes.z = math::minmax_code(v.z, lo, scale);
+        codes.w = math::minmax_code(v.w, lo, scale);
+        *reinterpret_cast<uchar4*>(q + i) = codes;
+      }
+    for (std::size_t i = body + me.lane; i < m; i += 32) q[i] = math::minmax_code(x[i], lo, scale);
+  }
+}
+
+// out[i] = decode(in)[i] (Accumulate: out[i] += decode(in)[i]). Vectorized: `out` 16-byte aligned,
+// chunk % 4 == 0, `in` 4-byte aligned.
+template <bool Vectorized, bool Accumulate>
+__global__ void __launch_bounds__(block_threads)
+    minmax_decode_kernel(const std::byte* in, std::size_t n, std::size_t chunk, float* out) {
+  const warp_position me = where_am_i();
+  const std::size_t chunks = (n + chunk - 1) / chunk;
+  for (std::size_t c = me.warp; c < chunks; c += me.warps) {
+    const auto [begin, m] = chunk_at(c, chunk, n);
+    const std::size_t body = Vectorized ? m / 4 * 4 : 0;
+    const std::byte* header = in + math::minmax_chunk_offset(c, chunk);
+    const float lo = load_float(header);
+    const float step = math::minmax_step(lo, load_float(header + sizeof(float)));
+    const std::uint8_t* q = reinterpret_cast<const std::uint8_t*>(header + math::minmax_header_bytes);
+    float* y = out + begin;
+    if constexpr (Vectorized)
+      for (std::size_t i = 4 * me.lane; i < body; i += 4 * 32) {
+        const uchar4 codes = *reinterpret_cast<const uchar4*>(q + i);
+        float4 v = make_float4(math::minmax_value(codes.x, lo, step), math::minmax_value(codes.y, lo, step),
+                               math::minmax_value(codes.z, lo, step), math::minmax_value(codes.w, lo, step));
+        if constexpr (Accumulate) {
+          const float4 a = *reinterpret_cast<const float4*>(y + i);
+          v = make_float4(math::add_rn(a.x, v.x), math::add_rn(a.y, v.y), math::add_rn(a.z, v.z),
+                          math::add_rn(a.w, v.w));
+        }
+        *reinterpret_cast<float4*>(y + i) = v;
+      }
+    for (std::size_t i = body + me.lane; i < m; i += 32) {
+      const float v = math::minmax_value(q[i], lo, step);
+      y[i] = Accumulate ? math::add_rn(y[i], v) : v;
+    }
+  }
+}
+
+// ---- 1-bit ------------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(block_threads)
+    onebit_encode_kernel(const float* in, float* residual, std::size_t n, std::size_t chunk, std::byte* out,
+                         unsigned long long* status) {
+  const warp_position me = where_am_i();
+  const std::size_t chunks = (n + chunk - 1) / chunk;
+  const std::size_t full_chunk_bytes = math::onebit_chunk_bytes(chunk);
+  for (std::size_t c = me.warp; c < chunks; c += me.warps) {
+    const auto [begin, m] = chunk_at(c, chunk, n);
+    const float* x = in + begin;
+    float* r = residual + begin;
+
+    // step 1: scale = mean |x + residual| (lane sums in float, the warp's sum in double, as the host
+    // sums its lanes); the first non-finite input
+    float part = 0.0f;
+    unsigned long long first_bad = no_error;
+    for (std::size_t i = me.lane; i < m; i += 32) {
+      const float xi = x[i];
+      part = math::add_rn(part, fabsf(math::add_rn(r[i], xi)));
+      if (first_bad == no_error && !math::finite(xi)) first_bad = begin + i;
+    }
+    if (warp_any(first_bad != no_error)) {  // the host refuses the input: keep this chunk's residual
+      report_non_finite(status, first_bad);
+      continue;
+    }
+    const double total = warp_sum(static_cast<double>(part));
+    const float scale = static_cast<float>(total / static_cast<double>(m));
+    std::byte* header = out + c * full_chunk_bytes;
+    if (me.lane == 0) store_float(header, scale);
+
+    // step 2: 32 signs per ballot = 4 bytes of the format; the residual keeps what was not sent
+    std::byte* bits = header + sizeof(float);
+    for (std::size_t i0 = 0; i0 < m; i0 += 32) {
+      const std::size_t i = i0 + me.lane;
+      const bool valid = i < m;
+      const float v = valid ? math::add_rn(r[i], x[i]) : 0.0f;
+      const bool negative = valid && math::onebit_negative(v);
+      const unsigned word = __ballot_sync(full_mask, negative);
+      if (valid) r[i] = math::onebit_feedback(v, scale);
+      const std::size_t bytes_here = (m - i0 < 32 ? m - i0 + 7 : 32) / 8;  // never past the chunk
+      if (me.lane < bytes_here) bits[i0 / 8 + me.lane] = static_cast<std::byte>((word >> (8 * me.lane)) & 0xffu);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(block_threads)
+    onebit_decode_kernel(const std::byte* in, std::size_t n, std::size_t chunk, float* out) {
+  const warp_position me = where_am_i();
+  const std::size_t chunks = (n + chunk - 1) / chunk;
+  const std::size_t full_chunk_bytes = math::onebit_chunk_bytes(chunk);
+  for (std::size_t c = me.warp; c < chunks; c += me.warps) {
+    const auto [begin, m] = chunk_at(c, chunk, n);
+    const std::byte* header = in + c * full_chunk_bytes;
+    const float scale = load_float(header);
+    const auto* bits = reinterpret_cast<const std::uint8_t*>(header + sizeof(float));
+    for (std::size_t i = me.lane; i < m; i += 32)
+      out[begin + i] = math::onebit_value(((bits[i / 8] >> (i % 8)) & 1u) != 0, scale);
+  }
+}
+
+template <class Kernel>
+unsigned warp_per_chunk_grid(Kernel kernel, std::size_t chunks) {
+  return grid_for(chunks, warps_per_block, blocks_per_sm(kernel, block_threads));
+}
+
+bool aligned(const void* p, std::size_t to) { return reinterpret_cast<std::uintptr_t>(p) % to == 0; }
+
+/// Copies the status word to the host and waits; when it names an element, reads that element and
+/// throws usage_error "<who>: element I is V; <need>".
+void check_status(const unsigned long long* status, unsigned long long* host, const float* input, cudaStream_t s,
+                  std::chrono::milliseconds deadline, int rank, const char* who, const char* need) {
+  if (input == nullptr) return;  // no encode yet, or an empty one: the status word says nothing
+  copy_bytes_async(host, status, sizeof *host, cudaMemcpyDeviceToHost, s);
+  synchronize(s, deadline, who, rank);
+  if (*host == no_error) return;
+  const std::size_t index = static_cast<std::size_t>(*host);
+  float value = 0;
+  copy_bytes_async(&value, input + index, sizeof value, cudaMemcpyDeviceToHost, s);
+  synchronize(s, deadline, who, rank);
+  std::string text;
+  if (rank >= 0) {
+    text += "[rank ";
+    text += std::to_string(rank);
+    text += "] ";
+  }
+  text += who;
+  text += ": element ";
+  text += std::to_string(index);
+  text += " is ";
+  text += std::to_string(value);
+  text += "; ";
+  text += need;
+  throw usage_error(text);
+}
+
+}  // namespace
+}  // namespace detail
+
+// ---- minmax_uint8 -------------------------------------------------------------------------------------
+
+minmax_uint8::minmax_uint8(std::size_t chunk) : chunk_(chunk) {
+  if (chunk == 0) throw usage_error("cuda::minmax_uint8: chunk must be positive");
+  status_ = device_buffer<unsigned long long>(1);
+  status_host_ = pinned_buffer<unsigned long long>(1);
+}
+
+void minmax_uint8::encode(device_span<const float> in, device_span<std::byte> out, cudaStream_t s) {
+  detail::check_bytes("cuda::minmax_uint8::encode", out.size(), encoded_size(in.size()));
+  last_input_ = in.data();
+  FLEXPAR_CHECK_CUDA(-1, cudaMemsetAsync(status_.data(), 0xff, sizeof(unsigned long long), s));
+  if (in.empty()) return;
+  const bool vectorized = detail::aligned(in.data(), 16) && detail::aligned(out.data(), 4) && chunk_ % 4 == 0;
+  auto* kernel = vectorized ? &detail::minmax_encode_kernel<true> : &detail::minmax_encode_kernel<false>;
+  const unsigned grid = detail::warp_per_chunk_grid(kernel, (in.size() + chunk_ - 1) / chunk_);
+  kernel<<<grid, detail::block_threads, 0, s>>>(in.data(), in.size(), chunk_, out.data(), status_.data());
+  detail::check_launch("minmax_encode_kernel<<<...>>>");
+}
+
+void minmax_uint8::check(cudaStream_t s, std::chrono::milliseconds deadline, int rank) {
+  detail::check_status(status_.data(), status_host_.data(), last_input_, s, deadline, rank,
+                       "cuda::minmax_uint8::encode", "min-max quantization needs finite values");
+}
+
+namespace {
+template <bool Accumulate>
+void launch_minmax_decode(const std::byte* in, float* out, std::size_t n, std::size_t chunk, cudaStream_t s) {
+  if (n == 0) return;
+  const bool vectorized = detail::aligned(out, 16) && detail::aligned(in, 4) && chunk % 4 == 0;
+  auto* kernel =
+      vectorized ? &detail::minmax_decode_kernel<true, Accumulate> : &detail::minmax_decode_kernel<false, Accumulate>;
+  const unsigned grid = detail::warp_per_chunk_grid(kernel, (n + chunk - 1) / chunk);
+  kernel<<<grid, detail::block_threads, 0, s>>>(in, n, chunk, out);
+  detail::check_launch("minmax_decode_kernel<<<...>>>");
+}
+}  // namespace
+
+void minmax_uint8::decode(device_span<const std::byte> in, device_span<float> out, cudaStream_t s) const {
+  detail::check_bytes("cuda::minmax_uint8::decode", in.size(), encoded_size(out.size()));
+  launch_minmax_decode<false>(in.data(), out.data(), out.size(), chunk_, s);
+}
+
+void minmax_uint8::decode_add(device_span<const std::byte> in, device_span<float> acc, cudaStream_t s) const {
+  detail::check_bytes("cuda::minmax_uint8::decode_add", in.size(), encoded_size(acc.size()));
+  launch_minmax_decode<true>(in.data(), acc.data(), acc.size(), chunk_, s);
+}
+
+// ---- onebit -----------------------------------------------------------------------------------------
+
+onebit::onebit(std::size_t count, std::size_t chunk) : chunk_(chunk) {
+  if (chunk == 0) throw usage_error("cuda::onebit: chunk must be positive");
+  residual_ = device_buffer<float>(count);
+  status_ = device_buffer<unsigned long long>(1);
+  status_host_ = pinned_buffer<unsigned long long>(1);
+  stream zeroing;
+  reset(zeroing);
+  synchronize(zeroing, std::chrono::seconds(60), "cuda::onebit: zeroing the residual");
+}
+
+void onebit::reset(cudaStream_t s) {
+  if (residual_.size() != 0)
+    FLEXPAR_CHECK_CUDA(-1, cudaMemsetAsync(residual_.data(), 0, residual_.size() * sizeof(float), s));
+}
+
+void onebit::encode(device_span<const float> x, device_span<std::byte> out, cudaStream_t s) {
+  if (x.size() != residual_.size()) {
+    std::string text = "cuda::onebit::encode: ";
+    text += std::to_string(x.size());
+    text += " values for a compressor of ";
+    text += std::to_string(residual_.size());
+    throw usage_error(text);
+  }
+  detail::check_bytes("cuda::onebit::encode", out.size(), encoded_size(x.size()));
+  last_input_ = x.data();
+  FLEXPAR_CHECK_CUDA(-1, cudaMemsetAsync(status_.data(), 0xff, sizeof(unsigned long long), s));
+  if (x.empty()) return;
+  const unsigned grid = detail::warp_per_chunk_grid(&detail::onebit_encode_kernel, (x.size() + chunk_ - 1) / chunk_);
+  detail::onebit_encode_kernel<<<grid, detail::block_threads, 0, s>>>(x.data(), residual_.data(), x.size(), chunk_,
+                                                                      out.data(), status_.data());
+  detail::check_launch("onebit_encode_kernel<<<...>>>");
+}
+
+void onebit::check(cudaStream_t s, std::chrono::milliseconds deadline, int rank) {
+  detail::check_status(status_.data(), status_host_.data(), last_input_, s, deadline, rank, "cuda::onebit::encode",
+                       "1-bit compression needs finite values");
+}
+
+void onebit::decode(device_span<const std::byte> in, device_span<float> out, cudaStream_t s) const {
+  detail::check_bytes("cuda::onebit::decode", in.size(), encoded_size(out.size()));
+  if (out.empty()) return;
+  const unsigned grid = detail::warp_per_chunk_grid(&detail::onebit_decode_kernel, (out.size() + chunk_ - 1) / chunk_);
+  detail::onebit_decode_kernel<<<grid, detail::block_threads, 0, s>>>(in.data(), out.size(), chunk_, out.data());
+  detail::check_launch("onebit_decode_kernel<<<...>>>");
+}
+
+}  // namespace flexpar::cuda
