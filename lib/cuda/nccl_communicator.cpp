@@ -420,7 +420,10 @@ nccl_communicator::group_scope::~group_scope() noexcept(false) {
   std::unique_lock n(s.nccl_mutex);
   const bool outermost = --s.group_depth == 0;
   std::string what = "group {" + s.group_what + "}";
-  if (s.aborted) return;
+  if (s.aborted) {
+    (void)ncclGroupEnd();  // closes this thread's group (NCCL counts them per thread); the failure is kept
+    return;
+  }
   try {
     s.settle(ncclGroupEnd(), what);
   } catch (...) {

@@ -155,76 +155,64 @@ void copy_bytes_async(void* dst, const void* src, std::size_t bytes, cudaMemcpyK
 [[noreturn]] void throw_size_mismatch(std::string_view op, std::size_t dst, std::size_t src, std::size_t bytes);
 }  // namespace detail
 
-/// `count` elements of device memory (cudaMalloc), freed by the destructor; move-only. The memory is
-/// not initialized.
-template <class T>
-class device_buffer {
-  static_assert(std::is_trivially_copyable_v<T>, "flexpar::cuda::device_buffer holds trivially copyable types only");
+namespace detail {
+/// Memory of `count` T from `Allocate`, returned to `Free` by the destructor; move-only. The base of
+/// device_buffer and pinned_buffer, which differ only in where the memory comes from and what view
+/// they give.
+template <class T, void* (*Allocate)(std::size_t), void (*Free)(void*) noexcept>
+class owned_memory {
+  static_assert(std::is_trivially_copyable_v<T>, "flexpar::cuda buffers hold trivially copyable types only");
 
  public:
-  device_buffer() noexcept = default;  ///< No memory.
-  /// Allocates `count` elements; @throws transport_error (cudaErrorMemoryAllocation) when the device is full.
-  explicit device_buffer(std::size_t count)
-      : data_(static_cast<T*>(count ? detail::device_allocate(count * sizeof(T)) : nullptr)), size_(count) {}
-  ~device_buffer() { detail::device_free(data_); }
-  /// Takes ownership.
-  device_buffer(device_buffer&& other) noexcept
+  owned_memory() noexcept = default;
+  explicit owned_memory(std::size_t count)
+      : data_(static_cast<T*>(count ? Allocate(count * sizeof(T)) : nullptr)), size_(count) {}
+  ~owned_memory() { Free(data_); }
+  owned_memory(owned_memory&& other) noexcept
       : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-  /// Takes ownership; frees what this held.
-  device_buffer& operator=(device_buffer&& other) noexcept {
+  owned_memory& operator=(owned_memory&& other) noexcept {
     if (this != &other) {
-      detail::device_free(data_);
+      Free(data_);
       data_ = std::exchange(other.data_, nullptr);
       size_ = std::exchange(other.size_, 0);
     }
     return *this;
   }
-  device_buffer(const device_buffer&) = delete;             ///< not copyable
-  device_buffer& operator=(const device_buffer&) = delete;  ///< not copyable
+  owned_memory(const owned_memory&) = delete;
+  owned_memory& operator=(const owned_memory&) = delete;
 
-  [[nodiscard]] T* data() const noexcept { return data_; }                       ///< the device address
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }              ///< elements
-  [[nodiscard]] device_span<T> span() const noexcept { return {data_, size_}; }  ///< the whole buffer
+  [[nodiscard]] T* data() const noexcept { return data_; }           ///< the address
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }  ///< elements
 
  private:
   T* data_ = nullptr;
   std::size_t size_ = 0;
 };
+}  // namespace detail
 
-/// `count` elements of page-locked host memory (cudaMallocHost): host memory that the GPU's copy
-/// engines read and write directly (full-speed, truly asynchronous copies); move-only.
+/// `count` elements of device memory (cudaMalloc), freed by the destructor; move-only. The memory is
+/// not initialized. Construction throws transport_error (cudaErrorMemoryAllocation, or no device).
 template <class T>
-class pinned_buffer {
-  static_assert(std::is_trivially_copyable_v<T>, "flexpar::cuda::pinned_buffer holds trivially copyable types only");
+class device_buffer : public detail::owned_memory<T, detail::device_allocate, detail::device_free> {
+  using base = detail::owned_memory<T, detail::device_allocate, detail::device_free>;
 
  public:
-  pinned_buffer() noexcept = default;  ///< No memory.
-  /// Allocates `count` elements; @throws transport_error when the host cannot pin them.
-  explicit pinned_buffer(std::size_t count)
-      : data_(static_cast<T*>(count ? detail::pinned_allocate(count * sizeof(T)) : nullptr)), size_(count) {}
-  ~pinned_buffer() { detail::pinned_free(data_); }
-  /// Takes ownership.
-  pinned_buffer(pinned_buffer&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-  /// Takes ownership; frees what this held.
-  pinned_buffer& operator=(pinned_buffer&& other) noexcept {
-    if (this != &other) {
-      detail::pinned_free(data_);
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-    }
-    return *this;
-  }
-  pinned_buffer(const pinned_buffer&) = delete;             ///< not copyable
-  pinned_buffer& operator=(const pinned_buffer&) = delete;  ///< not copyable
+  using base::base;
+  /// The whole buffer.
+  [[nodiscard]] device_span<T> span() const noexcept { return {this->data(), this->size()}; }
+};
 
-  [[nodiscard]] T* data() const noexcept { return data_; }                     ///< the host address
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }            ///< elements
-  [[nodiscard]] std::span<T> span() const noexcept { return {data_, size_}; }  ///< the whole buffer
+/// `count` elements of page-locked host memory (cudaMallocHost): host memory that the GPU's copy
+/// engines read and write directly (full-speed, truly asynchronous copies); move-only. Construction
+/// throws transport_error when the host cannot pin them.
+template <class T>
+class pinned_buffer : public detail::owned_memory<T, detail::pinned_allocate, detail::pinned_free> {
+  using base = detail::owned_memory<T, detail::pinned_allocate, detail::pinned_free>;
 
- private:
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
+ public:
+  using base::base;
+  /// The whole buffer.
+  [[nodiscard]] std::span<T> span() const noexcept { return {this->data(), this->size()}; }
 };
 
 /// Host -> device copy on `s` (asynchronous when `src` is pinned). @throws usage_error unless the sizes match.
