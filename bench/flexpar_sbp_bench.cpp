@@ -1,21 +1,34 @@
 // flexpar_sbp_bench — boxing next to the bare collective it calls, measured in one run.
 //
-// For each boxing (P -> B, P -> S(0), S(0) -> B, S(1) -> B, S(0) -> S(1)) and logical size, the
-// median time of to<To>(std::move(t)) next to the flexpar collective doing the same data movement on
-// buffers the caller owns: "bare" reuses a preallocated output (the best case of a hand-written
-// program); "bare+alloc" allocates its output each time, as boxing must (a new tensor) — for the
-// in-place P -> B, it runs on a buffer allocated fresh before the timing, as the tensor's is. The
-// ratio boxing / bare+alloc is the cost of the SBP layer itself (packing, bookkeeping); boxing / bare
-// adds what fresh memory costs (page faults, no huge pages). Medians over iterations, slowest rank.
+// For each boxing (P -> B, P -> S(0), S(0) -> B, S(1) -> B, S(0) -> S(1)) and logical size, the time
+// of to<To>(std::move(t)) next to its peers, all measured in the same run, interleaved (iteration i
+// runs every variant once, so load from other processes falls on all of them alike):
+//   - "bare": the flexpar collective doing the same data movement, on the communicator the boxing
+//     calls it on (the mesh axis's group), on buffers the caller owns and reuses (the best case of a
+//     hand-written program);
+//   - "bare+alloc": the same collective with its output vector allocated fresh in the timed region
+//     (what boxing cost before the tensors' buffer pool: a new tensor per call); for the in-place
+//     P -> B, a buffer made fresh before the timing;
+//   - "pass": a memcpy of the bytes the boxing copies beyond the collective, on warm buffers: for
+//     P -> S(0) my block moved to the front of the buffer, for S(1) -> B the unpack of the gathered
+//     rows (n bytes), for S(0) -> S(1) the pack of the blocks for the other ranks ((p-1)/p^2 n
+//     bytes: my own block is copied once, as the bare alltoall copies it); 0 where nothing is copied.
+// Boxing tensors come from the placement's buffer pool (the input is made by from_full in the
+// untimed preparation, the result goes back to the pool untimed), as in a training step that boxes
+// the same shapes again and again. Each sample is the slowest rank's time of that iteration; the
+// tables print medians after `--warmup` untimed iterations, and the ratios boxing / bare,
+// boxing / bare+alloc and boxing / (bare + pass).
 //
-//   mpiexec -n 2 flexpar_sbp_bench [-b 1M] [-e 16M] [-f 4] [--iters 20]
+//   mpiexec -n 2 flexpar_sbp_bench [-b 1M] [-e 16M] [-f 4] [--iters 20] [--warmup 3]
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,36 +36,65 @@
 #include <flexpar/sbp/sbp.hpp>
 
 #include "bench_cli.hpp"
-#include "bench_timing.hpp"
 
 namespace {
 
 using namespace flexpar::sbp;
 
-using flexpar::bench::median_of_slowest;
+/// One thing to time: `prepare` and `finish` run untimed around the timed `run`.
+struct variant {
+  std::function<void()> prepare, run, finish;
+};
 
-/// Median of `iters` timed calls of `run`, each after an untimed `prepare` and a barrier.
-/// Results are moved into `sink`, which is emptied before each call (freeing is not timed).
-double measure(int iters, std::vector<float>& sink, const std::function<void()>& prepare,
-               const std::function<void()>& run) {
-  std::vector<double> samples;
-  for (int i = 0; i < iters + 2; ++i) {
-    sink = {};
-    prepare();
-    MPI_Barrier(MPI_COMM_WORLD);
-    const auto start = std::chrono::steady_clock::now();
-    run();
-    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    if (i >= 2) samples.push_back(us);
+/// Runs every variant once per iteration (interleaved), after `warmup` untimed iterations; returns
+/// the median over iterations of the slowest rank's time, per variant (microseconds).
+std::vector<double> measure(int warmup, int iters, const std::vector<variant>& variants) {
+  std::vector<std::vector<double>> samples(variants.size());
+  for (int i = 0; i < warmup + iters; ++i)
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      variants[v].prepare();
+      MPI_Barrier(MPI_COMM_WORLD);
+      const auto start = std::chrono::steady_clock::now();
+      variants[v].run();
+      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+      variants[v].finish();
+      double slowest = 0;
+      MPI_Allreduce(&us, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (i >= warmup) samples[v].push_back(slowest);
+    }
+  std::vector<double> medians;
+  for (auto& s : samples) {
+    std::sort(s.begin(), s.end());
+    medians.push_back(s[s.size() / 2]);
   }
-  return median_of_slowest(std::move(samples));
+  return medians;
 }
+
+void nothing() {}
 
 struct row {
   std::string boxing;
   std::size_t bytes;
-  double boxed_us, bare_us, bare_alloc_us;
+  double boxed_us, bare_us, bare_alloc_us, pass_us;
 };
+
+/// to<To>(std::move(t)) of a tensor made by from_full (untimed), the result freed into the pool (untimed).
+template <class From, class To>
+variant boxing_of(const placement<1>& mesh, const shape_t& shape, const std::vector<float>& full) {
+  auto t = std::make_shared<std::optional<global_tensor<float, From>>>();
+  auto r = std::make_shared<std::optional<global_tensor<float, To>>>();
+  return {[t, &mesh, shape, &full] { t->emplace(global_tensor<float, From>::from_full(mesh, shape, full)); },
+          [t, r] { r->emplace(to<To>(std::move(**t))); },
+          [t, r] {
+            t->reset();
+            r->reset();
+          }};
+}
+
+/// A warm memcpy of `n` floats (the extra pass some boxings make), as a variant.
+variant memcpy_pass(std::vector<float>& from, std::vector<float>& to, std::size_t n) {
+  return {nothing, [&from, &to, n] { std::memcpy(to.data(), from.data(), n * sizeof(float)); }, nothing};
+}
 
 }  // namespace
 
@@ -63,11 +105,12 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   CLI::App app{"flexpar_sbp_bench: boxing next to the bare collective it calls"};
   std::string begin = "1M", end = "16M";
-  int factor = 4, iters = 20;
+  int factor = 4, iters = 20, warmup = 3;
   app.add_option("-b,--minbytes", begin, "smallest logical tensor (bytes, K/M/G)");
   app.add_option("-e,--maxbytes", end, "largest logical tensor");
   app.add_option("-f,--stepfactor", factor, "size multiplier between rows");
-  app.add_option("--iters", iters, "measured iterations per row");
+  app.add_option("--iters", iters, "measured iterations per row")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed iterations before them")->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -77,102 +120,95 @@ int main(int argc, char** argv) {
   }
   {
     flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
-    placement<1> mesh(comm, {comm.size()});
+    placement<1> mesh(comm, {comm.size()}, {}, std::make_shared<buffer_pool>(std::size_t{1} << 30));
+    // the bare collectives run on the communicator the boxing calls them on: the mesh axis's group
+    flexpar::communicator& axis = mesh.axis(0);
     const int p = comm.size();
+    const auto up = static_cast<std::size_t>(p);
     std::vector<row> rows;
-    std::vector<float> sink;
     for (std::size_t bytes = flexpar::bench::parse_size(begin); bytes <= flexpar::bench::parse_size(end);
          bytes *= static_cast<std::size_t>(factor)) {
-      const std::size_t cols = 256,
-                        n = bytes / sizeof(float) / cols / static_cast<std::size_t>(p) * static_cast<std::size_t>(p);
+      const std::size_t cols = 256, n = bytes / sizeof(float) / cols / up * up;
       const shape_t shape{n, cols};
-      const std::size_t count = n * cols;
-      std::vector<float> full(count, 1.0f), buffer(count), out(count);
-      std::vector<std::size_t> even(static_cast<std::size_t>(p), count / static_cast<std::size_t>(p));
-      const std::size_t block = count / static_cast<std::size_t>(p);
+      const std::size_t count = n * cols, block = count / up;
+      const std::vector<float> full(count, 1.0f), shard(block, 1.0f);
+      std::vector<float> buffer(count), out(count), fresh, scratch_a(count, 1.0f), scratch_b(count, 1.0f);
+      const std::vector<std::size_t> even(up, block);
 
-      {  // P -> B: allreduce
-        std::optional<global_tensor<float, partial_sum>> t;
-        const double boxed = measure(
-            iters, sink, [&] { t.emplace(global_tensor<float, partial_sum>::from_local(mesh, shape, full)); },
-            [&] { sink = to<broadcast>(std::move(*t)).release(); });
-        const double bare = measure(
-            iters, sink, [&] { buffer = full; },
-            [&] { flexpar::allreduce(comm, std::span(buffer), flexpar::reduce_op::sum); });
-        // in place, but on a buffer as new as the tensor's (made in the untimed prepare, as from_local does)
-        const double bare_fresh = measure(
-            iters, sink, [&] { sink = std::vector<float>(full); },
-            [&] { flexpar::allreduce(comm, std::span(sink), flexpar::reduce_op::sum); });
-        rows.push_back({"P(sum) -> B", bytes, boxed, bare, bare_fresh});
+      {  // P -> B: allreduce, in place
+        const auto m = measure(
+            warmup, iters,
+            {boxing_of<partial_sum, broadcast>(mesh, shape, full),
+             {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
+              [&] { flexpar::allreduce(axis, std::span(buffer), flexpar::reduce_op::sum); }, nothing},
+             {[&] { fresh = std::vector<float>(full); },
+              [&] { flexpar::allreduce(axis, std::span(fresh), flexpar::reduce_op::sum); }, [&] { fresh = {}; }}});
+        rows.push_back({"P(sum) -> B", bytes, m[0], m[1], m[2], 0});
       }
-      {  // P -> S(0): reduce-scatter
-        std::optional<global_tensor<float, partial_sum>> t;
-        const double boxed = measure(
-            iters, sink, [&] { t.emplace(global_tensor<float, partial_sum>::from_local(mesh, shape, full)); },
-            [&] { sink = to<split<0>>(std::move(*t)).release(); });
-        const double bare = measure(
-            iters, sink, [&] { buffer = full; },
-            [&] {
-              flexpar::reduce_scatter_v(comm, std::span(buffer), std::span<const std::size_t>(even),
-                                        flexpar::reduce_op::sum);
-            });
-        const double bare_alloc = measure(
-            iters, sink, [&] { buffer = full; },
-            [&] {
-              auto mine = flexpar::reduce_scatter_v(comm, std::span(buffer), std::span<const std::size_t>(even),
-                                                    flexpar::reduce_op::sum);
-              sink.assign(mine.begin(), mine.end());
-            });
-        rows.push_back({"P(sum) -> S(0)", bytes, boxed, bare, bare_alloc});
+      {  // P -> S(0): reduce-scatter in place; my block moves to the front of the buffer (block bytes)
+        const auto m =
+            measure(warmup, iters,
+                    {boxing_of<partial_sum, split<0>>(mesh, shape, full),
+                     {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
+                      [&] {
+                        flexpar::reduce_scatter_v(axis, std::span(buffer), std::span<const std::size_t>(even),
+                                                  flexpar::reduce_op::sum);
+                      },
+                      nothing},
+                     {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
+                      [&] {
+                        auto mine = flexpar::reduce_scatter_v(
+                            axis, std::span(buffer), std::span<const std::size_t>(even), flexpar::reduce_op::sum);
+                        fresh.assign(mine.begin(), mine.end());
+                      },
+                      [&] { fresh = {}; }},
+                     memcpy_pass(scratch_a, scratch_b, comm.rank() == 0 ? 0 : block)});
+        rows.push_back({"P(sum) -> S(0)", bytes, m[0], m[1], m[2], m[3]});
       }
-      {  // S(0) -> B and S(1) -> B: allgather (the second also unpacks the columns)
-        const std::vector<float> shard(block, 1.0f);
-        std::optional<global_tensor<float, split<0>>> t0;
-        std::optional<global_tensor<float, split<1>>> t1;
-        const double boxed0 = measure(
-            iters, sink, [&] { t0.emplace(global_tensor<float, split<0>>::from_local(mesh, shape, shard)); },
-            [&] { sink = to<broadcast>(std::move(*t0)).release(); });
-        const double boxed1 = measure(
-            iters, sink, [&] { t1.emplace(global_tensor<float, split<1>>::from_local(mesh, shape, shard)); },
-            [&] { sink = to<broadcast>(std::move(*t1)).release(); });
-        const double bare = measure(
-            iters, sink, [] {}, [&] { flexpar::allgather(comm, std::span<const float>(shard), std::span(out)); });
-        const double bare_alloc = measure(
-            iters, sink, [] {},
-            [&] {
-              std::vector<float> gathered(count);
-              flexpar::allgather(comm, std::span<const float>(shard), std::span(gathered));
-              sink = std::move(gathered);
-            });
-        rows.push_back({"S(0) -> B", bytes, boxed0, bare, bare_alloc});
-        rows.push_back({"S(1) -> B", bytes, boxed1, bare, bare_alloc});
+      {  // S(0) -> B and S(1) -> B: allgather (the second also unpacks the rows: n bytes)
+        const auto m = measure(
+            warmup, iters,
+            {boxing_of<split<0>, broadcast>(mesh, shape, full),
+             boxing_of<split<1>, broadcast>(mesh, shape, full),
+             {nothing, [&] { flexpar::allgather(axis, std::span<const float>(shard), std::span(out)); }, nothing},
+             {nothing,
+              [&] {
+                fresh = std::vector<float>(count);
+                flexpar::allgather(axis, std::span<const float>(shard), std::span(fresh));
+              },
+              [&] { fresh = {}; }},
+             memcpy_pass(scratch_a, scratch_b, count)});
+        rows.push_back({"S(0) -> B", bytes, m[0], m[2], m[3], 0});
+        rows.push_back({"S(1) -> B", bytes, m[1], m[2], m[3], m[4]});
       }
-      {  // S(0) -> S(1): alltoall
-        const std::vector<float> shard(block, 1.0f);
-        std::optional<global_tensor<float, split<0>>> t;
-        const double boxed = measure(
-            iters, sink, [&] { t.emplace(global_tensor<float, split<0>>::from_local(mesh, shape, shard)); },
-            [&] { sink = to<split<1>>(std::move(*t)).release(); });
+      {  // S(0) -> S(1): alltoall; the blocks for the other ranks are packed by columns first
+        // ((p-1)/p of my shard: the bare alltoall copies my own block too, the boxing copies it once)
         std::vector<float> in(block, 1.0f), got(block);
-        const double bare = measure(
-            iters, sink, [] {}, [&] { flexpar::alltoall(comm, std::span<const float>(in), std::span(got)); });
-        const double bare_alloc = measure(
-            iters, sink, [] {},
-            [&] {
-              std::vector<float> fresh(block);
-              flexpar::alltoall(comm, std::span<const float>(in), std::span(fresh));
-              sink = std::move(fresh);
-            });
-        rows.push_back({"S(0) -> S(1)", bytes, boxed, bare, bare_alloc});
+        const auto m =
+            measure(warmup, iters,
+                    {boxing_of<split<0>, split<1>>(mesh, shape, full),
+                     {nothing, [&] { flexpar::alltoall(axis, std::span<const float>(in), std::span(got)); }, nothing},
+                     {nothing,
+                      [&] {
+                        fresh = std::vector<float>(block);
+                        flexpar::alltoall(axis, std::span<const float>(in), std::span(fresh));
+                      },
+                      [&] { fresh = {}; }},
+                     memcpy_pass(scratch_a, scratch_b, block - block / up)});
+        rows.push_back({"S(0) -> S(1)", bytes, m[0], m[1], m[2], m[3]});
       }
     }
     if (rank == 0) {
-      std::printf("# flexpar_sbp_bench: %d ranks, f32 tensors [n, 256], median of %d, slowest rank\n", p, iters);
-      std::printf("%-16s %10s %12s %12s %14s %12s %14s\n", "boxing", "bytes", "boxing(us)", "bare(us)",
-                  "bare+alloc(us)", "vs bare", "vs bare+alloc");
+      std::printf(
+          "# flexpar_sbp_bench: %d ranks, f32 tensors [n, 256], interleaved, median of %d after %d warm-up, "
+          "slowest rank per iteration\n",
+          p, iters, warmup);
+      std::printf("%-15s %9s %10s %9s %10s %8s %8s %8s %9s\n", "boxing", "bytes", "boxing(us)", "bare(us)",
+                  "+alloc(us)", "pass(us)", "/bare", "/+alloc", "/bare+pass");
       for (const row& r : rows)
-        std::printf("%-16s %10zu %12.1f %12.1f %14.1f %11.2fx %13.2fx\n", r.boxing.c_str(), r.bytes, r.boxed_us,
-                    r.bare_us, r.bare_alloc_us, r.boxed_us / r.bare_us, r.boxed_us / r.bare_alloc_us);
+        std::printf("%-15s %9zu %10.1f %9.1f %10.1f %8.1f %7.2fx %7.2fx %8.2fx\n", r.boxing.c_str(), r.bytes,
+                    r.boxed_us, r.bare_us, r.bare_alloc_us, r.pass_us, r.boxed_us / r.bare_us,
+                    r.boxed_us / r.bare_alloc_us, r.boxed_us / (r.bare_us + r.pass_us));
     }
   }
   MPI_Finalize();

@@ -6,6 +6,7 @@
 //   flexpar_search --model transformer --layers 16 --cluster 64-8 --seconds 5
 //   flexpar_search --bench
 //   mpiexec -n 2 flexpar_search --run [--batch 256]   # real CPU-rank steps of MLP strategies vs the simulator
+//   mpiexec -n 2 flexpar_search --model cnn_small --run [--side 16 --channels 16]   # the same for the small CNN
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -47,6 +48,7 @@ graph build_model(const model_options& m) {
   auto batch_or = [&](std::size_t b) { return m.batch ? m.batch : b; };
   if (m.model == "mlp") return reference::mlp(batch_or(256), {1024, 4096, 4096, 1024});
   if (m.model == "cnn") return reference::cnn(batch_or(1024));
+  if (m.model == "cnn_small") return reference::cnn_small(batch_or(32), 16, 16);
   if (m.model == "transformer") return reference::transformer(m.layers, batch_or(32), 512, 1024);
   if (m.model == "dlrm") return reference::dlrm(batch_or(4096), 8, 1000000);
   return graph_from_json(read_file(m.model));
@@ -169,16 +171,34 @@ int run_bench(std::size_t iterations) {
   return 0;
 }
 
-// ---- --run: the MLP's strategies executed on CPU ranks next to their simulated step times -----------
+// ---- --run: the MLP's or the small CNN's strategies executed on CPU ranks next to their simulated times ----
 
+/// Values in {-1/64, 0, 1/64} (no short period): every product and sum of the runs is exact in float.
 std::vector<float> small_values(std::size_t n, std::size_t salt) {
+  std::mt19937 rng(static_cast<std::uint32_t>(salt));
   std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<int>((i * 5 + salt) % 3) - 1) / 64.0f;
+  for (float& e : v) e = static_cast<float>(static_cast<int>(rng() % 3) - 1) / 64.0f;
   return v;
 }
 
-int run_on_ranks(int argc, char** argv, std::size_t batch, std::size_t width, std::size_t steps, std::uint64_t seed,
-                 std::size_t iterations) {
+std::size_t weight_elements(const op& o) {
+  if (o.kind == op_kind::linear) return o.in_channels * o.out_channels;
+  if (o.kind == op_kind::conv2d) return o.out_channels * o.in_channels * o.kernel * o.kernel;
+  return 0;
+}
+
+struct run_options {
+  std::string model = "mlp";  // mlp or cnn_small
+  std::size_t batch = 0, width = 256, side = 16, channels = 16, steps = 20, iterations = 2000;
+  std::uint64_t seed = 1;
+};
+
+int run_on_ranks(int argc, char** argv, const run_options& ro) {
+  if (ro.model != "mlp" && ro.model != "cnn_small")
+    throw flexpar::usage_error(
+        std::string("flexpar_search --run: runs --model mlp or cnn_small, not ").append(ro.model));
+  const bool cnn = ro.model == "cnn_small";
+  const std::size_t batch = ro.batch ? ro.batch : (cnn ? 32 : 64);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
   int code = 0;
@@ -187,70 +207,104 @@ int run_on_ranks(int argc, char** argv, std::size_t batch, std::size_t width, st
     const int p = comm.size();
     const bool root = comm.rank() == 0;
     const cluster cl = measure_cluster(comm, 512);
-    const graph g = reference::mlp(batch, {width, 4 * width, 4 * width, width});
+    const std::size_t width = ro.width;
+    const graph g = cnn ? reference::cnn_small(batch, ro.side, ro.channels)
+                        : reference::mlp(batch, {width, 4 * width, 4 * width, width});
     std::vector<std::vector<float>> w;
-    for (std::size_t i = 0; i < g.ops.size(); ++i)
-      w.push_back(g.ops[i].kind == op_kind::linear ? small_values(g.ops[i].in_channels * g.ops[i].out_channels, i)
-                                                   : std::vector<float>{});
-    const std::vector<float> x = small_values(batch * width, 7);
-    auto one_d = [p](std::size_t, const soap_config& c) {
-      return c.devices() == p && c.first_device == 0 && (c.sample > 1) + (c.attribute > 1) + (c.parameter > 1) <= 1;
+    for (std::size_t i = 0; i < g.ops.size(); ++i) w.push_back(small_values(weight_elements(g.ops[i]), i));
+    const op& first = g.ops.front();
+    const std::vector<float> x = small_values(batch * first.in_channels * (cnn ? first.spatial : 1), 7);
+    auto runnable = [&g, p](std::size_t i, const soap_config& c) {  // 1-D meshes of all ranks; pools keep planes
+      return c.devices() == p && c.first_device == 0 && (c.sample > 1) + (c.attribute > 1) + (c.parameter > 1) <= 1 &&
+             !(g.ops[i].function == elementwise_fn::max_pool && c.attribute > 1);
     };
-    std::vector<std::vector<soap_config>> space;  // what the search may propose: 1-D meshes of all ranks
+    std::vector<std::vector<soap_config>> space;  // what the search may propose
     for (std::size_t i = 0; i < g.ops.size(); ++i) {
       space.emplace_back();
       for (const soap_config& c : candidates(g.ops[i], cl))
-        if (one_d(i, c)) space.back().push_back(c);
+        if (runnable(i, c)) space.back().push_back(c);
     }
     const kernel_profile profile = kernel_profile::measure(comm, g, space);
     simulator flop_model(g, cl);
-    simulator sim(g, cl, profile);  // op times from the measured shard GEMMs
+    simulator sim(g, cl, profile);  // linear op times from the measured shard GEMMs (conv2d: the FLOP model)
     search_options o;
-    o.iterations = iterations;
-    o.allow = one_d;
-    const search_result found = mcmc_search(sim, seed, o).run();
-    // hand-made comparison points: Megatron (column, relu, row, relu, column) and all column parallel
-    strategy megatron, column;
-    for (std::size_t i = 0; i < g.ops.size(); ++i) {
-      const bool linear = g.ops[i].kind == op_kind::linear;
-      const std::size_t layer = i / 2;
-      megatron.push_back(linear && layer % 2 == 1 ? soap_config{1, p, 1, 0} : soap_config{1, 1, p, 0});
-      column.push_back(soap_config{1, 1, p, 0});
+    o.iterations = ro.iterations;
+    o.allow = runnable;
+    const search_result found = mcmc_search(sim, ro.seed, o).run();
+    std::vector<std::pair<std::string, strategy>> cases{{"data parallel", data_parallel(g, cl)}};
+    if (cnn) {
+      // every op split over channels where it can be (conv2d / linear output channels, relu / pool planes)
+      strategy channels;
+      for (const op& op_i : g.ops)
+        channels.push_back(static_cast<std::size_t>(p) <= op_i.out_channels ? soap_config{1, 1, p, 0}
+                                                                            : soap_config{p, 1, 1, 0});
+      cases.emplace_back("expert", expert(g, cl));
+      cases.emplace_back("channel parallel", channels);
+    } else {
+      // hand-made comparison points: Megatron (column, relu, row, relu, column) and all column parallel
+      strategy megatron, column;
+      for (std::size_t i = 0; i < g.ops.size(); ++i) {
+        const bool linear = g.ops[i].kind == op_kind::linear;
+        const std::size_t layer = i / 2;
+        megatron.push_back(linear && layer % 2 == 1 ? soap_config{1, p, 1, 0} : soap_config{1, 1, p, 0});
+        column.push_back(soap_config{1, 1, p, 0});
+      }
+      if (p > 1) {  // relus after a row-parallel layer take its output by batch
+        for (std::size_t i = 1; i < g.ops.size(); i += 2)
+          megatron[i] = megatron[i - 1].attribute > 1 ? soap_config{p, 1, 1, 0} : megatron[i];
+      }
+      cases.emplace_back("column parallel", column);
+      cases.emplace_back("megatron", megatron);
     }
-    if (p > 1) {  // relus after a row-parallel layer take its output by batch
-      for (std::size_t i = 1; i < g.ops.size(); i += 2)
-        megatron[i] = megatron[i - 1].attribute > 1 ? soap_config{p, 1, 1, 0} : megatron[i];
-    }
-    const std::pair<const char*, strategy> cases[] = {{"data parallel", data_parallel(g, cl)},
-                                                      {"column parallel", column},
-                                                      {"megatron", megatron},
-                                                      {"searched", found.best}};
-    const execution_result serial = execute_serial(g, x, w, 1.0f / 1024);
+    cases.emplace_back("searched", found.best);
+    const float lr = 1.0f / 1024;
+    const execution_result serial = execute_serial(g, x, w, lr);
     if (root) {
       std::printf(
           "cluster measured on this machine: %d ranks, %.2f GFLOP/s per rank, memory %.1f GB/s, link alpha %.2f us, "
           "%.2f GB/s\n",
           p, cl.flops / 1e9, cl.memory_bandwidth / 1e9, cl.intra.latency * 1e6, cl.intra.bandwidth / 1e9);
+      double flops = 0;
+      for (const op& op_i : g.ops) flops += op_i.forward_flops;
+      std::printf("%s: %zu ops, batch %zu, %.1f MFLOP per forward pass\n", g.name.c_str(), g.ops.size(), batch,
+                  flops / 1e6);
       std::printf(
-          "| strategy | SBP per op | simulated ms (FLOP model) | simulated ms (measured kernels) | measured ms "
-          "(median of %zu) | error (kernels) | max |y - serial| |\n|---|---|---|---|---|---|---|\n",
-          steps);
+          "| strategy | SBP per op with weights | simulated ms (FLOP model) | simulated ms (measured kernels) | "
+          "measured ms (median of %zu rounds of 5 steps) | error (kernels) | max |y - serial| |\n"
+          "|---|---|---|---|---|---|---|\n",
+          std::max<std::size_t>(1, ro.steps / 5));
     }
-    for (const auto& [name, s] : cases) {
-      if (!executable(g, s, p)) continue;
-      const double simulated = sim.simulate(s), by_flops = flop_model.simulate(s);
-      const execution_result r = execute_steps(comm, g, s, x, w, 1.0f / 1024, steps);
-      const execution_result once = execute_steps(comm, g, s, x, w, 1.0f / 1024, 1);
-      double diff = 0;
-      for (std::size_t k = 0; k < once.output.size(); ++k)
-        diff = std::max(diff, static_cast<double>(std::abs(once.output[k] - serial.output[k])));
+    // Interleaved: each round runs a few steps of every strategy (from the same initial weights; the median
+    // of the few skips the first step's one-time costs on a fresh placement), so load from other processes
+    // falls on all strategies alike; per strategy the median over the rounds. The output of one step is
+    // compared with the serial model's first.
+    constexpr std::size_t per_round = 5;
+    std::vector<std::vector<double>> seconds(cases.size());
+    std::vector<double> diff(cases.size(), 0);
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      if (!executable(g, cases[k].second, p)) continue;
+      const execution_result once = execute_steps(comm, g, cases[k].second, x, w, lr, 1);
+      for (std::size_t e = 0; e < once.output.size(); ++e)
+        diff[k] = std::max(diff[k], static_cast<double>(std::abs(once.output[e] - serial.output[e])));
+    }
+    for (std::size_t round = 0; round < std::max<std::size_t>(1, ro.steps / per_round); ++round)
+      for (std::size_t k = 0; k < cases.size(); ++k)
+        if (executable(g, cases[k].second, p))
+          seconds[k].push_back(execute_steps(comm, g, cases[k].second, x, w, lr, per_round).median_step_seconds);
+    for (std::size_t k = 0; k < cases.size(); ++k) {
+      const auto& [name, s] = cases[k];
+      if (seconds[k].empty()) {
+        if (root) std::printf("| %s | (not executable on %d ranks) | | | | | |\n", name.c_str(), p);
+        continue;
+      }
+      const double simulated = sim.simulate(s), by_flops = flop_model.simulate(s), measured = median(seconds[k]);
       std::string sbps;
-      for (std::size_t i = 0; i < g.ops.size(); i += 2) sbps.append(i ? "; " : "").append(describe(g.ops[i], s[i]));
+      for (std::size_t i = 0; i < g.ops.size(); ++i)
+        if (g.ops[i].param_bytes > 0) sbps.append(sbps.empty() ? "" : "; ").append(describe(g.ops[i], s[i]));
       if (root)
-        std::printf("| %s | %s | %.3f | %.3f | %.3f | %+.0f%% | %g |\n", name, sbps.c_str(), by_flops * 1e3,
-                    simulated * 1e3, r.median_step_seconds * 1e3,
-                    100.0 * (simulated - r.median_step_seconds) / r.median_step_seconds, diff);
-      if (diff != 0) code = 1;
+        std::printf("| %s | %s | %.3f | %.3f | %.3f | %+.0f%% | %g |\n", name.c_str(), sbps.c_str(), by_flops * 1e3,
+                    simulated * 1e3, measured * 1e3, 100.0 * (simulated - measured) / measured, diff[k]);
+      if (diff[k] != 0) code = 1;
     }
   }
   MPI_Finalize();
@@ -265,8 +319,9 @@ int main(int argc, char** argv) {
   search_options o;
   std::uint64_t seed = 1;
   bool quiet = false, bench = false, show_expert = false, run = false;
-  std::size_t run_steps = 20, width = 256;
-  app.add_option("--model", m.model, "mlp, cnn, transformer, dlrm, or a graph JSON file")->capture_default_str();
+  run_options ro;
+  app.add_option("--model", m.model, "mlp, cnn, cnn_small, transformer, dlrm, or a graph JSON file")
+      ->capture_default_str();
   app.add_option("--batch", m.batch, "global batch (0: the model's default)");
   app.add_option("--layers", m.layers, "Transformer blocks")->capture_default_str();
   app.add_option("--cluster", cluster_spec, "a preset (16-4-slow-inter, 64-8, 8-1, 2-1-cpu) or a cluster JSON file")
@@ -278,19 +333,34 @@ int main(int argc, char** argv) {
   app.add_option("--export", export_path, "write the strategy found as JSON");
   app.add_option("--import", import_path, "simulate this strategy JSON instead of searching");
   app.add_flag("--quiet", quiet, "no progress lines");
+  std::string sync = "exact";
+  app.add_option("--sync", sync, "gradient synchronizations the simulator may choose: exact, compressed, relaxed")
+      ->capture_default_str();
   app.add_flag("--expert", show_expert, "simulate and print the expert strategy instead of searching");
   app.add_flag("--bench", bench, "print the benchmark tables of doc/search.md");
-  app.add_flag("--run", run, "under mpiexec: execute MLP strategies on the ranks, next to the simulated times");
-  app.add_option("--steps", run_steps, "--run: training steps per strategy")->capture_default_str();
-  app.add_option("--width", width, "--run: MLP width (layers width -> 4 width -> 4 width -> width)")
+  app.add_flag("--run", run,
+               "under mpiexec: execute the strategies of --model mlp (default here) or cnn_small on the ranks, next "
+               "to the simulated times");
+  app.add_option("--steps", ro.steps, "--run: training steps per strategy")->capture_default_str();
+  app.add_option("--width", ro.width, "--run: MLP width (layers width -> 4 width -> 4 width -> width)")
+      ->capture_default_str();
+  app.add_option("--side", ro.side, "cnn_small: input side (a multiple of 4)")->capture_default_str();
+  app.add_option("--channels", ro.channels, "cnn_small: conv1's output channels (conv2 has twice as many)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     if (bench) return run_bench(o.iterations);
-    if (run) return run_on_ranks(argc, argv, m.batch ? m.batch : 64, width, run_steps, seed, o.iterations);
+    if (run) {
+      ro.model = app.get_option("--model")->count() ? m.model : "mlp";
+      ro.batch = m.batch;
+      ro.seed = seed;
+      ro.iterations = o.iterations;
+      return run_on_ranks(argc, argv, ro);
+    }
     const graph g = build_model(m);
     const cluster cl = build_cluster(cluster_spec);
     simulator sim(g, cl);
+    sim.set_policy(sync_policy_from(sync));
     std::printf("%s: %zu ops, %zu tasks; cluster %d nodes x %d devices\n", g.name.c_str(), g.ops.size(),
                 sim.task_count(), cl.nodes, cl.devices_per_node);
     const double dp = sim.simulate(data_parallel(g, cl));

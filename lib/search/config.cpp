@@ -23,10 +23,12 @@ axis_rule rule_of(op_kind k, soap_dim d) {
     case soap_dim::parameter:
       if (k == op_kind::elementwise) return {parallel::S(1), parallel::B(), parallel::S(1)};
       if (k == op_kind::attention) return {parallel::B(), parallel::S(1), parallel::P()};
+      if (k == op_kind::conv2d) return {parallel::B(), parallel::S(0), parallel::S(1)};  // weight [K, C, R, S]
       return {parallel::B(), parallel::S(1), parallel::S(1)};
     case soap_dim::attribute:
       if (k == op_kind::linear) return {parallel::S(1), parallel::S(0), parallel::P()};
       if (k == op_kind::embedding) return {parallel::B(), parallel::S(0), parallel::P()};
+      if (k == op_kind::conv2d) return {parallel::S(1), parallel::S(1), parallel::P()};  // input channels
       return {parallel::S(2), parallel::B(), parallel::S(2)};
   }
   return {};
@@ -103,8 +105,8 @@ bool valid(const op& o, const soap_config& c, const cluster& cl) {
   switch (o.kind) {
     case op_kind::attention: return c.attribute == 1;
     case op_kind::linear:
-    case op_kind::embedding: return static_cast<std::size_t>(c.attribute) <= o.in_channels;
     case op_kind::conv2d:
+    case op_kind::embedding: return static_cast<std::size_t>(c.attribute) <= o.in_channels;
     case op_kind::elementwise: return static_cast<std::size_t>(c.attribute) <= o.spatial;
   }
   return false;

@@ -35,6 +35,34 @@ std::string_view name_of(op_kind k) noexcept {
   return "?";
 }
 
+namespace {
+/// The enumerator of `all` named `text` (name_of). @throws usage_error naming the op, the field and the choices.
+template <class E, std::size_t N>
+E parse_named(const E (&all)[N], const std::string& text, std::string_view field, std::size_t i,
+              std::string_view op_name) {
+  std::string choices;
+  for (E e : all) {
+    if (name_of(e) == text) return e;
+    choices.append(choices.empty() ? "" : ", ").append(name_of(e));
+  }
+  throw usage_error(op_context("graph_from_json", i, op_name)
+                        .append(field)
+                        .append(" '")
+                        .append(text)
+                        .append("' is not one of ")
+                        .append(choices));
+}
+}  // namespace
+
+std::string_view name_of(elementwise_fn f) noexcept {
+  switch (f) {
+    case elementwise_fn::other: return "other";
+    case elementwise_fn::relu: return "relu";
+    case elementwise_fn::max_pool: return "max_pool";
+  }
+  return "?";
+}
+
 std::size_t graph::add(op o) {
   const std::size_t i = ops.size();
   for (std::size_t in : o.inputs)
@@ -88,6 +116,7 @@ op conv2d(std::string name, std::size_t batch, std::size_t cin, std::size_t cout
   o.spatial = hw;
   o.forward_flops = 2.0 * double(batch) * double(hw) * double(cin) * double(cout) * double(k * k);
   o.param_bytes = f32 * double(cin) * double(cout) * double(k * k);
+  o.kernel = k;
   return o;
 }
 op embedding(std::string name, std::size_t batch, std::size_t vocab, std::size_t dim, std::size_t lookups) {
@@ -127,6 +156,17 @@ op elementwise(std::string name, std::size_t batch, std::size_t channels, std::s
   o.forward_flops = flops_per_element * double(batch) * double(channels) * double(spatial);
   return o;
 }
+op relu(std::string name, std::size_t batch, std::size_t channels, std::size_t spatial) {
+  op o = elementwise(std::move(name), batch, channels, spatial, 1);
+  o.function = elementwise_fn::relu;
+  return o;
+}
+op max_pool(std::string name, std::size_t batch, std::size_t channels, std::size_t out_side, std::size_t window) {
+  op o = elementwise(std::move(name), batch, channels, out_side * out_side, double(window * window));
+  o.function = elementwise_fn::max_pool;
+  o.kernel = window;
+  return o;
+}
 }  // namespace make
 
 namespace reference {
@@ -147,7 +187,7 @@ graph mlp(std::size_t batch, const std::vector<std::size_t>& widths) {
         g.add(with_inputs(make::linear(numbered("fc", l + 1), batch, widths[l], widths[l + 1]), prev));
     prev = {fc};
     if (l + 2 < widths.size())
-      prev = {g.add(with_inputs(make::elementwise(numbered("relu", l + 1), batch, widths[l + 1], 1), prev))};
+      prev = {g.add(with_inputs(make::relu(numbered("relu", l + 1), batch, widths[l + 1]), prev))};
   }
   return g;
 }
@@ -159,24 +199,41 @@ graph cnn(std::size_t batch) {
     const char* name;
     std::size_t cin, cout, hw, k;
     const char* pool;
-    std::size_t pooled_hw;
+    std::size_t pooled_side;  // 3 x 3 max pooling, stride 2
   };
-  const conv_layer layers[] = {{"conv1", 3, 64, 55 * 55, 11, "pool1", 27 * 27},
-                               {"conv2", 64, 192, 27 * 27, 5, "pool2", 13 * 13},
+  const conv_layer layers[] = {{"conv1", 3, 64, 55 * 55, 11, "pool1", 27},
+                               {"conv2", 64, 192, 27 * 27, 5, "pool2", 13},
                                {"conv3", 192, 384, 13 * 13, 3, nullptr, 0},
                                {"conv4", 384, 256, 13 * 13, 3, nullptr, 0},
-                               {"conv5", 256, 256, 13 * 13, 3, "pool5", 6 * 6}};
+                               {"conv5", 256, 256, 13 * 13, 3, "pool5", 6}};
   std::vector<std::size_t> prev;
   for (const conv_layer& c : layers) {
     prev = {g.add(with_inputs(make::conv2d(c.name, batch, c.cin, c.cout, c.hw, c.k), prev))};
-    if (c.pool) prev = {g.add(with_inputs(make::elementwise(c.pool, batch, c.cout, c.pooled_hw, 9), prev))};
+    if (c.pool) prev = {g.add(with_inputs(make::max_pool(c.pool, batch, c.cout, c.pooled_side, 3), prev))};
   }
   prev = {g.add(with_inputs(make::linear("fc6", batch, 256 * 36, 4096), prev))};
-  prev = {g.add(with_inputs(make::elementwise("relu6", batch, 4096, 1), prev))};
+  prev = {g.add(with_inputs(make::relu("relu6", batch, 4096), prev))};
   prev = {g.add(with_inputs(make::linear("fc7", batch, 4096, 4096), prev))};
-  prev = {g.add(with_inputs(make::elementwise("relu7", batch, 4096, 1), prev))};
+  prev = {g.add(with_inputs(make::relu("relu7", batch, 4096), prev))};
   prev = {g.add(with_inputs(make::linear("fc8", batch, 4096, 1000), prev))};
   g.add(with_inputs(make::elementwise("softmax", batch, 1000, 1, 5), prev));
+  return g;
+}
+
+graph cnn_small(std::size_t batch, std::size_t side, std::size_t channels, std::size_t classes) {
+  if (side == 0 || side % 4 != 0)
+    throw usage_error(std::string("search::reference::cnn_small: side ")
+                          .append(std::to_string(side))
+                          .append(" is not a positive multiple of 4 (two 2 x 2 poolings)"));
+  graph g;
+  g.name = "cnn_small";
+  const std::size_t half = side / 2, quarter = side / 4;
+  std::size_t x = g.add(make::conv2d("conv1", batch, 3, channels, side * side, 3));
+  x = g.add(with_inputs(make::relu("relu1", batch, channels, side * side), {x}));
+  x = g.add(with_inputs(make::max_pool("pool1", batch, channels, half, 2), {x}));
+  x = g.add(with_inputs(make::conv2d("conv2", batch, channels, 2 * channels, half * half, 3), {x}));
+  x = g.add(with_inputs(make::max_pool("pool2", batch, 2 * channels, quarter, 2), {x}));
+  g.add(with_inputs(make::linear("fc3", batch, 2 * channels * quarter * quarter, classes), {x}));
   return g;
 }
 
@@ -206,9 +263,9 @@ graph dlrm(std::size_t batch, std::size_t tables, std::size_t vocab) {
   for (std::size_t t = 0; t < tables; ++t)
     features.push_back(g.add(make::embedding(numbered("table", t), batch, vocab, dim, 8)));
   std::size_t b = g.add(make::linear("bottom1", batch, 13, 512));
-  b = g.add(with_inputs(make::elementwise("bottom_relu1", batch, 512, 1), {b}));
+  b = g.add(with_inputs(make::relu("bottom_relu1", batch, 512), {b}));
   b = g.add(with_inputs(make::linear("bottom2", batch, 512, 256), {b}));
-  b = g.add(with_inputs(make::elementwise("bottom_relu2", batch, 256, 1), {b}));
+  b = g.add(with_inputs(make::relu("bottom_relu2", batch, 256), {b}));
   b = g.add(with_inputs(make::linear("bottom3", batch, 256, dim), {b}));
   features.push_back(b);
   const std::size_t pairs = (tables + 1) * tables / 2 + dim;
@@ -216,9 +273,9 @@ graph dlrm(std::size_t batch, std::size_t tables, std::size_t vocab) {
   inter.inputs = features;
   std::size_t t = g.add(std::move(inter));
   t = g.add(with_inputs(make::linear("top1", batch, pairs, 1024), {t}));
-  t = g.add(with_inputs(make::elementwise("top_relu1", batch, 1024, 1), {t}));
+  t = g.add(with_inputs(make::relu("top_relu1", batch, 1024), {t}));
   t = g.add(with_inputs(make::linear("top2", batch, 1024, 1024), {t}));
-  t = g.add(with_inputs(make::elementwise("top_relu2", batch, 1024, 1), {t}));
+  t = g.add(with_inputs(make::relu("top_relu2", batch, 1024), {t}));
   t = g.add(with_inputs(make::linear("top3", batch, 1024, 1), {t}));
   return g;
 }
@@ -238,7 +295,9 @@ std::string to_json(const graph& g) {
                    {"out_channels", o.out_channels},
                    {"spatial", o.spatial},
                    {"forward_flops", o.forward_flops},
-                   {"param_bytes", o.param_bytes}});
+                   {"param_bytes", o.param_bytes},
+                   {"kernel", o.kernel},
+                   {"function", std::string(name_of(o.function))}});
   }
   j["ops"] = std::move(ops);
   return j.dump(1);
@@ -262,18 +321,9 @@ graph graph_from_json(std::string_view text) {
     const std::string name = jo.is_object() ? jo.value("name", std::string()) : std::string();
     try {
       o.name = jo.at("name").get<std::string>();
-      const std::string kind = jo.at("kind").get<std::string>();
-      bool known = false;
-      for (op_kind k : {op_kind::linear, op_kind::conv2d, op_kind::embedding, op_kind::attention, op_kind::elementwise})
-        if (name_of(k) == kind) {
-          o.kind = k;
-          known = true;
-        }
-      if (!known)
-        throw usage_error(op_context("graph_from_json", i, name)
-                              .append("kind '")
-                              .append(kind)
-                              .append("' is not one of linear, conv2d, embedding, attention, elementwise"));
+      constexpr op_kind kinds[] = {op_kind::linear, op_kind::conv2d, op_kind::embedding, op_kind::attention,
+                                   op_kind::elementwise};
+      o.kind = parse_named(kinds, jo.at("kind").get<std::string>(), "kind", i, name);
       o.inputs = jo.value("inputs", std::vector<std::size_t>{});
       o.batch = jo.at("batch").get<std::size_t>();
       o.in_channels = jo.at("in_channels").get<std::size_t>();
@@ -281,6 +331,9 @@ graph graph_from_json(std::string_view text) {
       o.spatial = jo.value("spatial", std::size_t{1});
       o.forward_flops = jo.at("forward_flops").get<double>();
       o.param_bytes = jo.value("param_bytes", 0.0);
+      o.kernel = jo.value("kernel", std::size_t{1});
+      constexpr elementwise_fn functions[] = {elementwise_fn::other, elementwise_fn::relu, elementwise_fn::max_pool};
+      o.function = parse_named(functions, jo.value("function", std::string("other")), "function", i, name);
     } catch (const nlohmann::json::exception& e) {
       throw usage_error(op_context("graph_from_json", i, name).append(e.what()));
     }

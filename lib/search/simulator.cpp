@@ -3,6 +3,10 @@
 #include <flexpar/collective/allreduce_hierarchical.hpp>
 #include <flexpar/collective/allreduce_ring.hpp>
 #include <flexpar/core/error.hpp>
+#include <flexpar/relax/bytegrad.hpp>
+#include <flexpar/relax/decentralized.hpp>
+#include <flexpar/relax/low_precision_decentralized.hpp>
+#include <flexpar/relax/onebit_adam.hpp>
 #include <flexpar/sbp/boxing.hpp>
 #include <flexpar/search/simulator.hpp>
 
@@ -23,8 +27,74 @@ std::string_view name_of(allreduce_algorithm a) noexcept {
     case allreduce_algorithm::none: return "none";
     case allreduce_algorithm::ring: return "ring";
     case allreduce_algorithm::hierarchical: return "hierarchical";
+    case allreduce_algorithm::bytegrad: return "bytegrad";
+    case allreduce_algorithm::onebit_adam: return "onebit_adam";
+    case allreduce_algorithm::decentralized_shift_one: return "decentralized_shift_one";
+    case allreduce_algorithm::low_precision_decentralized: return "low_precision_decentralized";
   }
   return "?";
+}
+
+std::string_view name_of(sync_policy p) noexcept {
+  switch (p) {
+    case sync_policy::exact: return "exact";
+    case sync_policy::compressed: return "compressed";
+    case sync_policy::relaxed: return "relaxed";
+  }
+  return "?";
+}
+
+sync_policy sync_policy_from(std::string_view name) {
+  for (sync_policy p : {sync_policy::exact, sync_policy::compressed, sync_policy::relaxed})
+    if (name == name_of(p)) return p;
+  std::string msg("search::sync_policy_from: no policy '");
+  msg.append(name).append("'; policies: exact compressed relaxed");
+  throw usage_error(msg);
+}
+
+sync_policy policy_of(allreduce_algorithm a) noexcept {
+  switch (a) {
+    case allreduce_algorithm::none:
+    case allreduce_algorithm::ring:
+    case allreduce_algorithm::hierarchical: return sync_policy::exact;
+    case allreduce_algorithm::bytegrad: return sync_policy::compressed;
+    case allreduce_algorithm::onebit_adam:
+    case allreduce_algorithm::decentralized_shift_one:
+    case allreduce_algorithm::low_precision_decentralized: return sync_policy::relaxed;
+  }
+  return sync_policy::relaxed;
+}
+
+double sync_seconds(allreduce_algorithm a, const sync_group& grp, double bytes, const cluster& c) {
+  const int p = grp.ranks;
+  if (p <= 1 || a == allreduce_algorithm::none) return 0;
+  const cost_params m = c.params(grp.nodes > 1);
+  const compression_rates& z = c.compression;
+  const double share = 1.0 + 1.0 / p;  // encode: every partition once, then my reduced one
+  const double bucket = 4 * bytes;     // the relaxations fuse the tensors into one bucket and back (2 copies)
+  switch (a) {
+    case allreduce_algorithm::none: return 0;
+    case allreduce_algorithm::ring: return allreduce_ring_cost(p, bytes).seconds(m);
+    case allreduce_algorithm::hierarchical:
+      if (grp.nodes <= 1 || grp.per_node <= 1) return std::numeric_limits<double>::infinity();
+      return allreduce_hierarchical_cost(grp.per_node, grp.nodes, bytes, m).seconds(m);
+    case allreduce_algorithm::bytegrad:  // alltoall + allgather of min-max uint8 partitions (compressed_average)
+      return cost{2.0 * (p - 1), relax::bytegrad::wire_bytes(bytes, p), bytes + bucket}.seconds(m) +
+             share * bytes / z.minmax_encode + 2 * bytes / z.minmax_decode;
+    case allreduce_algorithm::onebit_adam:  // the same pattern with the 1-bit codec, and its own Adam passes
+      return cost{2.0 * (p - 1), relax::onebit_adam::wire_bytes(bytes, p), bytes + bucket}.seconds(m) +
+             share * bytes / z.onebit_encode + 2 * bytes / z.onebit_decode + bytes / z.adam_update;
+    case allreduce_algorithm::decentralized_shift_one:  // one exchange with one peer, then an average
+      return cost{1.0, relax::decentralized::wire_bytes(bytes, p, relax::peer_selection::shift_one), bytes + bucket}
+          .seconds(m);
+    case allreduce_algorithm::low_precision_decentralized: {  // encoded differences to q ring neighbours
+      const double q = p == 2 ? 1.0 : 2.0;
+      return cost{q, relax::low_precision_decentralized::wire_bytes(bytes, p), (2 * q + 2) * bytes + bucket}.seconds(
+                 m) +
+             bytes / z.minmax_encode + (q + 1) * bytes / z.minmax_decode;
+    }
+  }
+  return 0;
 }
 
 namespace {
@@ -108,6 +178,7 @@ struct simulator::impl {
   std::vector<std::uint64_t> memory;  // parameter bytes per device (exact integers: delta == full)
   double step = 0;
   bool simulated = false;
+  sync_policy policy = sync_policy::exact;
   std::optional<kernel_profile> profile;
 
   impl(graph gr, cluster c) : g(std::move(gr)), cl(c) {
@@ -200,8 +271,14 @@ struct simulator::impl {
     return t;
   }
 
+  /// The queues a transfer touching device d holds: its link queue, and its compute queue too when the
+  /// cluster does not overlap communication with computation.
+  void comm_queues(int d, std::vector<int>& q) const {
+    for (int id : {cl.devices() + d, d})
+      if ((id != d || !cl.overlap) && std::find(q.begin(), q.end(), id) == q.end()) q.push_back(id);
+  }
   void link_queues(const placed& p, std::vector<int>& q) const {
-    for (int x = 0; x < p.devices; ++x) q.push_back(cl.devices() + p.first + x);
+    for (int x = 0; x < p.devices; ++x) comm_queues(p.first + x, q);
   }
   void compute_queues(const placed& p, std::vector<int>& q) const {
     for (int x = 0; x < p.devices; ++x) q.push_back(p.first + x);
@@ -264,10 +341,7 @@ struct simulator::impl {
     t.duration = reduce + slowest;
     if (t.duration > 0) {
       link_queues(src, t.queues);
-      for (int y = 0; y < dst.devices; ++y) {
-        const int q = cl.devices() + dst.first + y;
-        if (std::find(t.queues.begin(), t.queues.end(), q) == t.queues.end()) t.queues.push_back(q);
-      }
+      for (int y = 0; y < dst.devices; ++y) comm_queues(dst.first + y, t.queues);
     }
   }
 
@@ -301,9 +375,15 @@ struct simulator::impl {
     return cl.kernel_latency + factor * std::max(o.forward_flops / n / cl.flops, bytes / cl.memory_bandwidth);
   }
 
-  /// The weight-gradient allreduce of op i: over the weight's replicas, per group the cheaper of ring
-  /// and hierarchical (the network decides); the slowest group is the task's duration.
+  /// The weight-gradient synchronization of op i: over the weight's replicas, per group the cheapest
+  /// algorithm the policy allows (the network decides); the slowest group is the task's duration.
   void allreduce_cost(std::size_t i, task& t) {
+    static constexpr allreduce_algorithm choices[] = {allreduce_algorithm::ring,
+                                                      allreduce_algorithm::hierarchical,
+                                                      allreduce_algorithm::bytegrad,
+                                                      allreduce_algorithm::onebit_adam,
+                                                      allreduce_algorithm::decentralized_shift_one,
+                                                      allreduce_algorithm::low_precision_decentralized};
     const sbp_signature& s = sig[i];
     const placed p = where(i);
     t.queues.clear();
@@ -321,32 +401,27 @@ struct simulator::impl {
         if (!s.weight[d].is_split()) c[d] = -1;
       ++groups[c][cl.node_of(p.first + x)];
     }
-    bool hierarchical_used = false;
+    allreduce_algorithm slowest = allreduce_algorithm::ring;
     for (const auto& [key, nodes] : groups) {
-      double best = 0;
-      bool hier = false;
-      if (nodes.size() == 1) {
-        best = allreduce_ring_cost(replicas, bytes).seconds(cl.params(false));
-      } else {
-        const cost_params m = cl.params(true);
-        best = allreduce_ring_cost(replicas, bytes).seconds(m);
-        const int per = nodes.begin()->second;
-        bool even = true;
-        for (const auto& [node, count] : nodes) even = even && count == per;
-        if (even && per > 1) {
-          const double h = allreduce_hierarchical_cost(per, static_cast<int>(nodes.size()), bytes, m).seconds(m);
-          if (h < best) {
-            best = h;
-            hier = true;
-          }
+      sync_group grp{replicas, static_cast<int>(nodes.size()), nodes.begin()->second};
+      for (const auto& [node, count] : nodes)
+        if (count != grp.per_node) grp.per_node = 0;
+      double best = std::numeric_limits<double>::infinity();
+      allreduce_algorithm pick = allreduce_algorithm::ring;
+      for (allreduce_algorithm a : choices) {  // ties keep the earlier (the exact ones come first)
+        if (policy_of(a) > policy) continue;
+        const double seconds = sync_seconds(a, grp, bytes, cl);
+        if (seconds < best) {
+          best = seconds;
+          pick = a;
         }
       }
       if (best >= t.duration) {
         t.duration = best;
-        hierarchical_used = hier;
+        slowest = pick;
       }
     }
-    times[i].algorithm = hierarchical_used ? allreduce_algorithm::hierarchical : allreduce_algorithm::ring;
+    times[i].algorithm = slowest;
     times[i].gradient_allreduce = t.duration;
     link_queues(p, t.queues);
   }
@@ -361,7 +436,9 @@ struct simulator::impl {
         t.queues.clear();
         compute_queues(where(i), t.queues);
         if (t.kind == task_kind::update) {
-          t.duration = cl.kernel_latency + 4.0 * weight_share(i) / cl.memory_bandwidth;
+          const double measured = profile ? profile->update_seconds(g.ops[i], cfg[i]) : -1.0;
+          t.duration = cl.kernel_latency + (measured >= 0 ? measured : 4.0 * weight_share(i) / cl.memory_bandwidth);
+          times[i].update = t.duration;
         } else {
           t.duration = compute_seconds(i, t.kind == task_kind::forward ? 1.0 : 2.0);
           (t.kind == task_kind::forward ? times[i].forward : times[i].backward) = t.duration;
@@ -410,8 +487,14 @@ struct simulator::impl {
 
   void input_boxing_time(std::size_t i) {
     times[i].input_boxing = 0;
-    for (std::size_t id : op_tasks[i])
-      if (tasks[id].kind == task_kind::forward_boxing && tasks[id].op == i) times[i].input_boxing += tasks[id].duration;
+    times[i].backward_boxing = 0;
+    for (std::size_t id : op_tasks[i]) {
+      const task& t = tasks[id];
+      if (t.op != i) continue;
+      if (t.kind == task_kind::forward_boxing) times[i].input_boxing += t.duration;
+      if (t.kind == task_kind::backward_boxing || t.kind == task_kind::loss_boxing)
+        times[i].backward_boxing += t.duration;
+    }
   }
 
   void schedule_from(std::size_t k) {
@@ -514,6 +597,11 @@ double simulator::change(std::size_t i, const soap_config& c) { return impl_->ch
 double simulator::step_time() const noexcept { return impl_->step; }
 const strategy& simulator::current() const noexcept { return impl_->cfg; }
 op_times simulator::times_of(std::size_t i) const { return impl_->times.at(i); }
+void simulator::set_policy(sync_policy p) noexcept {
+  impl_->policy = p;
+  impl_->simulated = false;
+}
+sync_policy simulator::policy() const noexcept { return impl_->policy; }
 const graph& simulator::model() const noexcept { return impl_->g; }
 const cluster& simulator::machine() const noexcept { return impl_->cl; }
 std::size_t simulator::task_count() const noexcept { return impl_->tasks.size(); }

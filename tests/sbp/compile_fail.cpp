@@ -17,7 +17,10 @@ void program(const placement<1>& mesh, const placement<2>& mesh2) {
   auto ok3 = mul(partial_x, whole);                   // (P, B) -> P
   auto ok4 = to<sbp<split<0>, broadcast>>(
       global_tensor<float, sbp<broadcast, broadcast>>::from_full(mesh2, {4, 4}, std::vector<float>(16)));
-  (void)ok1, (void)ok2, (void)ok3, (void)ok4;
+  auto images = global_tensor<float, split<0>>::from_full(mesh, {2, 1, 2, 2}, std::vector<float>(8));
+  auto kernels = global_tensor<float, split<0>>::from_full(mesh, {1, 1, 1, 1}, std::vector<float>(1));
+  auto ok5 = conv2d(images, to<broadcast>(kernels), 0);  // (S(0), B) -> S(0)
+  (void)ok1, (void)ok2, (void)ok3, (void)ok4, (void)ok5;
 #elif FLEXPAR_CASE == 1  // matmul with no signature: (P(sum), S(0))
   auto bad = matmul(partial_x, rows);
 #elif FLEXPAR_CASE == 2  // relu of a partial sum
@@ -26,5 +29,9 @@ void program(const placement<1>& mesh, const placement<2>& mesh2) {
   auto bad = mul(partial_x, partial_x);
 #elif FLEXPAR_CASE == 4  // boxing a 1-D tensor to a 2-axis nd-SBP
   auto bad = to<sbp<split<0>, broadcast>>(rows);
+#elif FLEXPAR_CASE == 5  // conv2d with no signature: (S(0), S(0))
+  auto images = global_tensor<float, split<0>>::from_full(mesh, {2, 1, 2, 2}, std::vector<float>(8));
+  auto kernels = global_tensor<float, split<0>>::from_full(mesh, {1, 1, 1, 1}, std::vector<float>(1));
+  auto bad = conv2d(images, kernels, 0);
 #endif
 }

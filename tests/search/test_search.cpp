@@ -120,7 +120,7 @@ TEST(search_cluster, measured_on_this_machine) {
 TEST(search_cluster, measured_kernels_replace_the_flop_model_for_linear_ops) {
   graph g;
   const std::size_t a = g.add(make::linear("fc", 6, 32, 48));
-  op r = make::elementwise("relu", 6, 48, 1);
+  op r = make::relu("relu", 6, 48, 1);
   r.inputs = {a};
   g.add(r);
   cluster cl = preset("2-1-cpu");
@@ -132,7 +132,9 @@ TEST(search_cluster, measured_kernels_replace_the_flop_model_for_linear_ops) {
     const soap_config dp{2, 1, 1, 0};
     EXPECT_GT(profile.seconds(g.ops[0], dp, false), 0);
     EXPECT_GT(profile.seconds(g.ops[0], dp, true), 0);
-    EXPECT_LT(profile.seconds(g.ops[1], dp, false), 0);  // relu: the FLOP model
+    EXPECT_GT(profile.seconds(g.ops[1], dp, false), 0);  // relu: its passes over the shard, timed
+    EXPECT_GT(profile.update_seconds(g.ops[0], dp), 0);  // the update of fc's weight shard
+    EXPECT_LT(profile.update_seconds(g.ops[1], dp), 0);  // relu has no weight
     const auto shapes = linear_gemm_shapes(g.ops[0], {1, 2, 1, 0});
     EXPECT_EQ(shapes[0], (std::array<std::size_t, 3>{6, 48, 16}));  // y = x W with k split in 2
     EXPECT_EQ(shapes[1], (std::array<std::size_t, 3>{16, 48, 6}));  // dW = x^T dy
@@ -141,9 +143,11 @@ TEST(search_cluster, measured_kernels_replace_the_flop_model_for_linear_ops) {
     sim.simulate({dp, dp});
     EXPECT_EQ(sim.times_of(0).forward, cl.kernel_latency + profile.seconds(g.ops[0], dp, false));
     EXPECT_EQ(sim.times_of(0).backward, cl.kernel_latency + profile.seconds(g.ops[0], dp, true));
-    simulator plain(g, cl);
-    plain.simulate({dp, dp});
-    EXPECT_EQ(sim.times_of(1).forward, plain.times_of(1).forward);
+    EXPECT_EQ(sim.times_of(1).forward, cl.kernel_latency + profile.seconds(g.ops[1], dp, false));
+    EXPECT_EQ(sim.times_of(1).backward, cl.kernel_latency + profile.seconds(g.ops[1], dp, true));
+    EXPECT_EQ(sim.times_of(0).update, cl.kernel_latency + profile.update_seconds(g.ops[0], dp));
+    EXPECT_EQ(weight_shard_elements(g.ops[0], {1, 1, 2, 0}), 32u * 24u);  // column parallel: half the columns
+    EXPECT_EQ(output_shard_elements(g.ops[1], {2, 1, 1, 0}), 3u * 48u);
     // delta == full with the profile too
     std::mt19937_64 rng(3);
     strategy s{dp, dp};

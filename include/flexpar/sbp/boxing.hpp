@@ -8,7 +8,8 @@
 //   |           |                       |                               | elsewhere (sum); keep    |
 //   |           |                       |                               | everywhere (max, min)    |
 //   | S(i)      | allgather_v (+unpack) | i == j: free; else            | pad with the op's        |
-//   |           |                       | pack -> alltoall_v -> unpack  | identity (local)         |
+//   |           |                       | pairwise alltoall, packing    | identity (local)         |
+//   |           |                       | folded into its steps         |                          |
 //   | P(op)     | allreduce(op)         | pack -> reduce_scatter_v(op)  | same op: free; else via B|
 //
 // Costs (ring collectives, n = bytes the mesh-axis group holds jointly, p = its ranks):
@@ -36,6 +37,7 @@
 
 #include <flexpar/collective.hpp>
 #include <flexpar/collective/cost.hpp>
+#include <flexpar/sbp/buffer_pool.hpp>
 #include <flexpar/sbp/global_tensor.hpp>
 #include <flexpar/sbp/layout.hpp>
 #include <flexpar/sbp/parallel.hpp>
@@ -51,6 +53,7 @@ struct axis_view {
   communicator& comm;    ///< the mesh-axis group
   shape_t group_shape;   ///< the tensor the group holds jointly (other axes' splits applied)
   std::vector<T> local;  ///< my shard under the current SBP of this axis
+  buffer_pool& pool;     ///< where temporaries and results come from and go back to
 };
 
 namespace detail {
@@ -71,24 +74,23 @@ inline std::vector<part> parts_of(std::size_t n, int p) {
   return out;
 }
 
-/// Packs `data` (shape [outer, rows, inner]) into p contiguous blocks, block j = rows of part j.
+/// Packs `data` (shape [outer, rows, inner]) into `out`: p contiguous blocks, block j = rows of part
+/// j (one strided pass, straight into the buffer the collective sends from). Returns the counts.
 template <class T>
-std::vector<T> pack_rows(std::span<const T> data, const around& v, const std::vector<part>& parts,
-                         std::vector<std::size_t>& counts) {
-  std::vector<T> out(data.size());
-  counts.resize(parts.size());
+std::vector<std::size_t> pack_rows(std::span<const T> data, const around& v, const std::vector<part>& parts,
+                                   std::span<T> out) {
+  std::vector<std::size_t> counts(parts.size());
   std::size_t at = 0;
   for (std::size_t j = 0; j < parts.size(); ++j) {
     const shape_t extent{v.outer, parts[j].count, v.inner};
     counts[j] = elements_of(extent);
-    copy_box<T>(data, {v.outer, v.rows, v.inner}, {0, parts[j].offset, 0}, std::span<T>(out).subspan(at), extent,
-                {0, 0, 0}, extent);
+    copy_box<T>(data, {v.outer, v.rows, v.inner}, {0, parts[j].offset, 0}, out.subspan(at), extent, {0, 0, 0}, extent);
     at += counts[j];
   }
-  return out;
+  return counts;
 }
 
-/// The inverse of pack_rows.
+/// The inverse of pack_rows (one strided pass, straight from the buffer the collective received in).
 template <class T>
 void unpack_rows(std::span<const T> packed, const around& v, const std::vector<part>& parts, std::span<T> out) {
   std::size_t at = 0;
@@ -99,99 +101,158 @@ void unpack_rows(std::span<const T> packed, const around& v, const std::vector<p
   }
 }
 
+/// Keeps elements [from, from + n) of `v` as all of `v`, in its own buffer (no new allocation).
+template <class T>
+void keep_range(std::vector<T>& v, std::size_t from, std::size_t n) {
+  if (from != 0)
+    std::copy(v.begin() + static_cast<std::ptrdiff_t>(from), v.begin() + static_cast<std::ptrdiff_t>(from + n),
+              v.begin());  // forward: dest first
+  v.resize(n);
+}
+
 }  // namespace detail
 
 /// X -> X: nothing moves.
 template <element T, one_axis_sbp X>
 void box_axis(axis_view<T>&, X, X) {}
 
-/// P(op) -> B: allreduce(op) of my full-shape summand, in place.
+/// P(op) -> B: allreduce(op) of my full-shape summand, in place in the tensor's own buffer.
 template <element T, reduce_op Op>
 void box_axis(axis_view<T>& v, partial<Op>, broadcast) {
   allreduce(v.comm, std::span<T>(v.local), Op);
 }
 
-/// P(op) -> S(i): pack the rows of every destination together, reduce_scatter_v(op), keep mine.
+/// P(op) -> S(i): reduce_scatter_v(op) in place, then keep my block in the same buffer. When axis i
+/// is not the outermost, the rows of each destination are first packed into one contiguous block
+/// (one pass into a pooled buffer, which the reduce-scatter then works in).
 template <element T, reduce_op Op, int I>
 void box_axis(axis_view<T>& v, partial<Op>, split<I>) {
   const detail::around a(v.group_shape, I);
   const auto parts = detail::parts_of(a.rows, v.comm.size());
-  std::vector<std::size_t> counts;
-  std::vector<T> packed = a.outer == 1 ? std::move(v.local) : detail::pack_rows<T>(v.local, a, parts, counts);
-  if (a.outer == 1)
-    for (const part& pt : parts) counts.push_back(pt.count * a.inner);
-  const std::span<T> mine = reduce_scatter_v(v.comm, std::span<T>(packed), std::span<const std::size_t>(counts), Op);
-  v.local.assign(mine.begin(), mine.end());
+  std::vector<std::size_t> counts(parts.size());
+  if (a.outer == 1) {
+    for (std::size_t j = 0; j < parts.size(); ++j) counts[j] = parts[j].count * a.inner;
+  } else {
+    std::vector<T> packed = v.pool.template acquire<T>(v.local.size());
+    counts = detail::pack_rows<T>(v.local, a, parts, packed);
+    v.pool.give_back(std::move(v.local));
+    v.local = std::move(packed);
+  }
+  const std::span<T> mine = reduce_scatter_v(v.comm, std::span<T>(v.local), std::span<const std::size_t>(counts), Op);
+  detail::keep_range(v.local, static_cast<std::size_t>(mine.data() - v.local.data()), mine.size());
 }
 
-/// S(i) -> B: allgather_v of every shard, then unpack the rows when axis i is not the outermost.
+/// S(i) -> B: allgather_v of every shard into a pooled buffer; when axis i is not the outermost,
+/// unpack the rows from it into the result (one strided pass the bare collective does not make).
 template <element T, int I>
 void box_axis(axis_view<T>& v, split<I>, broadcast) {
   const detail::around a(v.group_shape, I);
   const auto parts = detail::parts_of(a.rows, v.comm.size());
   std::vector<std::size_t> counts(parts.size());
   for (std::size_t j = 0; j < parts.size(); ++j) counts[j] = a.outer * parts[j].count * a.inner;
-  std::vector<T> gathered(elements_of(v.group_shape));
+  std::vector<T> gathered = v.pool.template acquire<T>(elements_of(v.group_shape));
   allgather_v(v.comm, std::span<const T>(v.local), std::span<T>(gathered), std::span<const std::size_t>(counts));
+  v.pool.give_back(std::move(v.local));
   if (a.outer == 1) {
     v.local = std::move(gathered);
     return;
   }
-  std::vector<T> full(gathered.size());
-  detail::unpack_rows<T>(gathered, a, parts, full);
-  v.local = std::move(full);
+  v.local = v.pool.template acquire<T>(gathered.size());
+  detail::unpack_rows<T>(gathered, a, parts, v.local);
+  v.pool.give_back(std::move(gathered));
 }
 
-/// S(i) -> S(j), i != j: cut my shard by j's parts, alltoall_v, assemble by i's parts.
+/// S(i) -> S(j), i != j: a pairwise alltoall (the script of flexpar's alltoall_v, with the packing
+/// folded into its steps). Block k of mine is my rows of i and rank k's rows of j; I receive rank
+/// k's rows of i and my rows of j.
+///   step 0: my own block goes straight from my shard to its place in the result (one strided copy,
+///           where the bare alltoall copies it too);
+///   step s: to rank me+s, from rank me-s: pack the block for the peer (unless it is contiguous in
+///           my shard: then send it from there), receive the peer's block straight into the result
+///           (unless it is strided there: then into a staging block, unpacked at once).
+/// So each element is copied at most once beyond what the bare alltoall moves, and only where the
+/// layout is strided. Every wait has the communicator's deadline.
 template <element T, int I, int J>
 requires(I != J) void box_axis(axis_view<T>& v, split<I>, split<J>) {
   const int p = v.comm.size(), me = v.comm.rank();
+  const auto um = static_cast<std::size_t>(me);
   const auto rows_i = detail::parts_of(v.group_shape[I], p), rows_j = detail::parts_of(v.group_shape[J], p);
-  const shape_t mine_now = with_extent(v.group_shape, I, rows_i[static_cast<std::size_t>(me)].count);
-  const shape_t mine_next = with_extent(v.group_shape, J, rows_j[static_cast<std::size_t>(me)].count);
-  std::vector<std::size_t> sends(static_cast<std::size_t>(p)), receives(static_cast<std::size_t>(p));
-  std::vector<T> packed(v.local.size());
-  std::size_t at = 0;
-  for (int k = 0; k < p; ++k) {  // block k: my rows of i, rank k's rows of j
-    const shape_t extent = with_extent(mine_now, J, rows_j[static_cast<std::size_t>(k)].count);
-    shape_t from(v.group_shape.size(), 0);
-    from[J] = rows_j[static_cast<std::size_t>(k)].offset;
-    copy_box<T>(v.local, mine_now, from, std::span<T>(packed).subspan(at), extent, shape_t(extent.size(), 0), extent);
-    sends[static_cast<std::size_t>(k)] = elements_of(extent);
-    receives[static_cast<std::size_t>(k)] =
-        elements_of(with_extent(mine_next, I, rows_i[static_cast<std::size_t>(k)].count));
-    at += sends[static_cast<std::size_t>(k)];
+  const shape_t mine_now = with_extent(v.group_shape, I, rows_i[um].count);
+  const shape_t mine_next = with_extent(v.group_shape, J, rows_j[um].count);
+  const detail::around send_view(mine_now, J), receive_view(mine_next, I);
+  const bool pack = send_view.outer != 1, unpack = receive_view.outer != 1;
+  const shape_t zero(v.group_shape.size(), 0);
+  auto block_of_mine = [&](std::size_t k) {  // my rows of i, rank k's rows of j, in my shard
+    shape_t at = zero;
+    at[J] = rows_j[k].offset;
+    return box{at, with_extent(mine_now, J, rows_j[k].count)};
+  };
+  auto block_of_next = [&](std::size_t k) {  // rank k's rows of i, my rows of j, in the result
+    shape_t at = zero;
+    at[I] = rows_i[k].offset;
+    return box{at, with_extent(mine_next, I, rows_i[k].count)};
+  };
+  auto flat = [](const box& b, const shape_t& whole) {  // element offset of a contiguous block
+    const shape_t st = strides_of(whole);
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < st.size(); ++i) at += b.offset[i] * st[i];
+    return elements_of(b.extent) == 0 ? 0 : at;
+  };
+
+  std::vector<T> next = v.pool.template acquire<T>(elements_of(mine_next));
+  std::vector<T> out_stage = pack ? v.pool.template acquire<T>(v.local.size()) : std::vector<T>{};
+  std::vector<T> in_stage = unpack ? v.pool.template acquire<T>(next.size()) : std::vector<T>{};
+  // step 0
+  const box own = block_of_mine(um);
+  copy_box<T>(v.local, mine_now, own.offset, next, mine_next, block_of_next(um).offset, own.extent);
+  flexpar::detail::call c = flexpar::detail::begin_call(v.comm);
+  for (int step = 1; step < p; ++step) {
+    const auto to = static_cast<std::size_t>(flexpar::detail::modulo(me + step, p));
+    const auto from = static_cast<std::size_t>(flexpar::detail::modulo(me - step, p));
+    const box out_block = block_of_mine(to), in_block = block_of_next(from);
+    const std::size_t out_n = out_block.elements(), in_n = in_block.elements();
+    std::span<const T> outgoing = std::span<const T>(v.local).subspan(flat(out_block, mine_now), out_n);
+    if (pack) {
+      const std::span<T> staged = std::span<T>(out_stage).first(out_n);
+      copy_box<T>(v.local, mine_now, out_block.offset, staged, out_block.extent, zero, out_block.extent);
+      outgoing = staged;
+    }
+    const std::span<T> landing =
+        unpack ? std::span<T>(in_stage).first(in_n) : std::span<T>(next).subspan(flat(in_block, mine_next), in_n);
+    request incoming = c.t.irecv(static_cast<int>(from), c.tag, flexpar::detail::writable_bytes_of(landing));
+    request sent = c.t.isend(static_cast<int>(to), c.tag, std::as_bytes(outgoing));
+    incoming.wait(c.until);
+    sent.wait(c.until);
+    if (unpack)
+      copy_box<T>(std::span<const T>(landing), in_block.extent, zero, next, mine_next, in_block.offset,
+                  in_block.extent);
   }
-  std::vector<T> incoming(elements_of(mine_next));
-  alltoall_v(v.comm, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(incoming),
-             std::span<const std::size_t>(receives));
-  std::vector<T> next(incoming.size());
-  at = 0;
-  for (int k = 0; k < p; ++k) {  // rank k's rows of i, my rows of j
-    const shape_t extent = with_extent(mine_next, I, rows_i[static_cast<std::size_t>(k)].count);
-    shape_t to(v.group_shape.size(), 0);
-    to[I] = rows_i[static_cast<std::size_t>(k)].offset;
-    copy_box<T>(std::span<const T>(incoming).subspan(at), extent, shape_t(extent.size(), 0), next, mine_next, to,
-                extent);
-    at += elements_of(extent);
-  }
+  v.pool.give_back(std::move(out_stage));
+  v.pool.give_back(std::move(in_stage));
+  v.pool.give_back(std::move(v.local));
   v.local = std::move(next);
 }
 
-/// B -> S(i): keep my rows (local).
+/// B -> S(i): keep my rows (local); in the same buffer when axis i is the outermost.
 template <element T, int I>
 void box_axis(axis_view<T>& v, broadcast, split<I>) {
   const part mine = balanced_part(v.group_shape[I], v.comm.size(), v.comm.rank());
+  const detail::around a(v.group_shape, I);
+  if (a.outer == 1) {
+    detail::keep_range(v.local, mine.offset * a.inner, mine.count * a.inner);
+    return;
+  }
   const shape_t extent = with_extent(v.group_shape, I, mine.count);
   shape_t from(v.group_shape.size(), 0);
   from[I] = mine.offset;
-  std::vector<T> out(elements_of(extent));
+  std::vector<T> out = v.pool.template acquire<T>(elements_of(extent));
   copy_box<T>(v.local, v.group_shape, from, out, extent, shape_t(extent.size(), 0), extent);
+  v.pool.give_back(std::move(v.local));
   v.local = std::move(out);
 }
 
 /// B -> P(op): sum keeps the values at coordinate 0 and zeros elsewhere; max and min keep them
-/// everywhere (idempotent). Local.
+/// everywhere (idempotent). Local, in place.
 template <element T, reduce_op Op>
 void box_axis(axis_view<T>& v, broadcast, partial<Op>) {
   if (Op == reduce_op::sum && v.comm.rank() != 0) std::fill(v.local.begin(), v.local.end(), T{});
@@ -204,8 +265,9 @@ void box_axis(axis_view<T>& v, split<I>, partial<Op>) {
   const shape_t extent = with_extent(v.group_shape, I, mine.count);
   shape_t to(v.group_shape.size(), 0);
   to[I] = mine.offset;
-  std::vector<T> out(elements_of(v.group_shape), detail::partial_identity<T>(Op));
+  std::vector<T> out = v.pool.template acquire<T>(elements_of(v.group_shape), detail::partial_identity<T>(Op));
   copy_box<T>(v.local, extent, shape_t(extent.size(), 0), out, v.group_shape, to, extent);
+  v.pool.give_back(std::move(v.local));
   v.local = std::move(out);
 }
 
@@ -345,7 +407,8 @@ using sbp_type_of = typename sbp_type_of_impl<V, OneAxis>::type;
 template <element T, std::size_t MeshRank, one_axis_sbp From, one_axis_sbp To>
 void run_axis(const placement<MeshRank>& where, const shape_t& shape, const nd_parallel& before, std::size_t d,
               std::vector<T>& local) {
-  axis_view<T> v{where.axis(d), shard_box(shape, before, where.shape(), where.coords(), d).extent, std::move(local)};
+  axis_view<T> v{where.axis(d), shard_box(shape, before, where.shape(), where.coords(), d).extent, std::move(local),
+                 where.pool()};
   box_axis(v, From{}, To{});
   local = std::move(v.local);
 }
@@ -481,30 +544,33 @@ auto to(const global_tensor<T, From, M>& t, const placement<N2>& dest) {
 
   const auto me = static_cast<std::size_t>(parent.rank());
   std::vector<std::size_t> sends(P, 0), receives(P, 0);
+  buffer_pool& pool = dest.pool();
   std::vector<T> packed;
   if (src_box[me]) {
     const std::span<const T> mine = src.to_local();
+    for (std::size_t q = 0; q < P; ++q)
+      if (dst_box[q]) sends[q] = detail::intersect(*src_box[me], *dst_box[q]).elements();
+    packed = pool.template acquire<T>(std::accumulate(sends.begin(), sends.end(), std::size_t{0}));
+    std::size_t at = 0;
     for (std::size_t q = 0; q < P; ++q) {
       if (!dst_box[q]) continue;
       const box piece = detail::intersect(*src_box[me], *dst_box[q]);
-      sends[q] = piece.elements();
-      const std::size_t at = packed.size();
-      packed.resize(at + sends[q]);
       copy_box<T>(mine, src_box[me]->extent, detail::relative(piece.offset, src_box[me]->offset),
                   std::span<T>(packed).subspan(at), piece.extent, shape_t(shape.size(), 0), piece.extent);
+      at += sends[q];
     }
   }
-  std::vector<T> incoming;
   if (dst_box[me])
     for (std::size_t q = 0; q < P; ++q)
       if (src_box[q]) receives[q] = detail::intersect(*src_box[q], *dst_box[me]).elements();
-  incoming.resize(std::accumulate(receives.begin(), receives.end(), std::size_t{0}));
+  std::vector<T> incoming = pool.template acquire<T>(std::accumulate(receives.begin(), receives.end(), std::size_t{0}));
   alltoall_v(parent, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(incoming),
              std::span<const std::size_t>(receives));
+  pool.give_back(std::move(packed));
 
   std::vector<T> local;
   if (dst_box[me]) {
-    local.resize(dst_box[me]->elements());
+    local = pool.template acquire<T>(dst_box[me]->elements());
     std::size_t at = 0;
     for (std::size_t q = 0; q < P; ++q) {
       if (!src_box[q]) continue;
@@ -514,6 +580,7 @@ auto to(const global_tensor<T, From, M>& t, const placement<N2>& dest) {
       at += piece.elements();
     }
   }
+  pool.give_back(std::move(incoming));
   auto landed = global_tensor<T, Dst, M>::adopt(dest, shape, std::move(local));
   auto boxed = to<nd_of<To>>(std::move(landed));  // B -> P where To is partial (local)
   return global_tensor<T, To, M>::adopt(dest, shape, std::move(boxed).release());

@@ -4,13 +4,16 @@
 //   dynamic_tensor<float, 1> x = dynamic_tensor<float, 1>::from_full(mesh, {m, k}, nd_parallel{...}, data);
 //   auto y = to(std::move(x), target);               // plan() at run time, each step visits the overloads
 //   auto z = matmul(a, b);                           // picks the signature with the cheapest boxing
+//   auto c = conv2d(x, w, pad);                      // the operands' own signature, else the cheapest
 //
 // A run-time SBP is visited into the static tag types (split<0..3>, broadcast, partial<sum|max|min>),
 // so each step still runs one box_axis overload; split axes above 3 are a usage_error in this form.
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -174,36 +177,56 @@ struct chosen_signature {
   double seconds = 0;  ///< boxing.seconds(machine)
 };
 
-/// The matmul signature (per mesh axis, from the table of ops.hpp) whose boxing of the operands costs
-/// least on `machine`: the hook the strategy search uses. Ties go to the first in table order.
-inline chosen_signature cheapest_matmul_signature(const nd_parallel& a, const shape_t& a_shape, const nd_parallel& b,
-                                                  const shape_t& b_shape, std::span<const int> mesh_shape,
-                                                  std::size_t element_bytes, const cost_params& machine = {}) {
-  constexpr std::pair<parallel, parallel> table[] = {{parallel::S(0), parallel::B()},  {parallel::B(), parallel::S(1)},
-                                                     {parallel::S(1), parallel::S(0)}, {parallel::P(), parallel::B()},
-                                                     {parallel::B(), parallel::P()},   {parallel::B(), parallel::B()}};
-  constexpr std::size_t rows = std::size(table);
+namespace detail {
+/// The signature from `rows` (per mesh axis, one op's table of ops.hpp) whose boxing of the operands costs
+/// least on `machine`. Ties go to the first in table order.
+template <class Rule, std::size_t Rows>
+chosen_signature cheapest_signature(Rule rule, const signature_row (&rows)[Rows], const nd_parallel& a,
+                                    const shape_t& a_shape, const nd_parallel& b, const shape_t& b_shape,
+                                    std::span<const int> mesh_shape, std::size_t element_bytes,
+                                    const cost_params& machine) {
   std::size_t combos = 1;
-  for (std::size_t d = 0; d < a.rank; ++d) combos *= rows;
+  for (std::size_t d = 0; d < a.rank; ++d) combos *= Rows;
   chosen_signature best{};
   bool found = false;
   for (std::size_t c = 0; c < combos; ++c) {
     nd_parallel l = a, r = b;
     std::size_t code = c;
-    for (std::size_t d = 0; d < a.rank; ++d, code /= rows) {
-      l[d] = table[code % rows].first;
-      r[d] = table[code % rows].second;
+    for (std::size_t d = 0; d < a.rank; ++d, code /= Rows) {
+      l[d] = rows[code % Rows].left;
+      r[d] = rows[code % Rows].right;
     }
-    if (!detail::partial_ops_agree(l) || !detail::partial_ops_agree(r)) continue;
+    if (!partial_ops_agree(l) || !partial_ops_agree(r)) continue;
     const cost k = route_cost(plan(a, l), a_shape, mesh_shape, element_bytes) +
                    route_cost(plan(b, r), b_shape, mesh_shape, element_bytes);
     const double s = k.seconds(machine);
     if (!found || s < best.seconds) {
-      best = {l, r, nd_signature(detail::matmul_rule{}, l, r).out, k, s};
+      best = {l, r, nd_signature(rule, l, r).out, k, s};
       found = true;
     }
   }
   return best;
+}
+}  // namespace detail
+
+/// The matmul signature (per mesh axis, from the table of ops.hpp) whose boxing of the operands costs
+/// least on `machine`: the hook the strategy search uses. Ties go to the first in table order.
+inline chosen_signature cheapest_matmul_signature(const nd_parallel& a, const shape_t& a_shape, const nd_parallel& b,
+                                                  const shape_t& b_shape, std::span<const int> mesh_shape,
+                                                  std::size_t element_bytes, const cost_params& machine = {}) {
+  return detail::cheapest_signature(detail::matmul_rule{}, table::matmul, a, a_shape, b, b_shape, mesh_shape,
+                                    element_bytes, machine);
+}
+
+/// The conv2d signature for operands laid out as `x` and `w`: theirs when they already have one (nothing
+/// moves), else the one of the table in ops.hpp whose boxing costs least on `machine`.
+inline chosen_signature conv2d_signature(const nd_parallel& x, const shape_t& x_shape, const nd_parallel& w,
+                                         const shape_t& w_shape, std::span<const int> mesh_shape,
+                                         std::size_t element_bytes, const cost_params& machine = {}) {
+  if (const nd_signature_result as_is = nd_signature(detail::conv2d_rule{}, x, w); as_is.ok)
+    return {x, w, as_is.out, {}, 0};
+  return detail::cheapest_signature(detail::conv2d_rule{}, table::conv2d, x, x_shape, w, w_shape, mesh_shape,
+                                    element_bytes, machine);
 }
 
 /// matmul on run-time SBPs: boxes the operands to the cheapest signature, then one local GEMM.
@@ -225,6 +248,69 @@ dynamic_tensor<T, N> matmul(const dynamic_tensor<T, N>& a, const dynamic_tensor<
   std::vector<T> c(bx.extent[0] * by.extent[1]);
   local::gemm(bx.extent[0], by.extent[1], bx.extent[1], x.to_local().data(), y.to_local().data(), c.data());
   return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, std::move(c));
+}
+
+namespace detail {
+template <conv_pass Pass, element T, std::size_t N>
+dynamic_tensor<T, N> conv_dynamic(const dynamic_tensor<T, N>& a, const dynamic_tensor<T, N>& b, std::size_t pad,
+                                  const cost_params& machine) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "flexpar::sbp::conv2d runs im2col + the BLAS GEMM: its element type must be float or double.");
+  const int rank = a.where().parent().rank();
+  if (!(a.where() == b.where()))
+    throw usage_error(on_rank(rank, name_of(Pass)) + "the operands live on different placements (" +
+                      a.where().describe() + " and " + b.where().describe() + ")");
+  const shape_t out_shape = conv_out_shape(rank, Pass, a.shape(), b.shape(), pad);
+  chosen_signature sig;
+  const std::span<const int> mesh = a.where().shape();
+  if constexpr (Pass == conv_pass::forward) {
+    sig = conv2d_signature(a.layout(), a.shape(), b.layout(), b.shape(), mesh, sizeof(T), machine);
+  } else {
+    using Rule = std::conditional_t<Pass == conv_pass::grad_input, conv2d_grad_input_rule, conv2d_grad_weight_rule>;
+    if (const nd_signature_result as_is = nd_signature(Rule{}, a.layout(), b.layout()); as_is.ok)
+      sig = {a.layout(), b.layout(), as_is.out, {}, 0};
+    else
+      sig = Pass == conv_pass::grad_input ? cheapest_signature(Rule{}, table::conv2d_grad_input, a.layout(), a.shape(),
+                                                               b.layout(), b.shape(), mesh, sizeof(T), machine)
+                                          : cheapest_signature(Rule{}, table::conv2d_grad_weight, a.layout(), a.shape(),
+                                                               b.layout(), b.shape(), mesh, sizeof(T), machine);
+  }
+  const bool moves = !(sig.left == a.layout()) || !(sig.right == b.layout());
+  std::optional<dynamic_tensor<T, N>> boxed_a, boxed_b;
+  if (moves) {
+    boxed_a = to(a.clone(), sig.left);
+    boxed_b = to(b.clone(), sig.right);
+  }
+  const dynamic_tensor<T, N>& x = moves ? *boxed_a : a;
+  const dynamic_tensor<T, N>& y = moves ? *boxed_b : b;
+  if (!a.where().contains_me()) return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, {});
+  const shape_t out_local = shard_box(out_shape, sig.out, mesh, a.where().coords()).extent;
+  return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out,
+                                          conv_local<T>(rank, Pass, x.my_box().extent, x.to_local().data(),
+                                                        y.my_box().extent, y.to_local().data(), out_local, pad));
+}
+}  // namespace detail
+
+/// conv2d on run-time SBPs (shapes and padding as the static conv2d of ops.hpp): the operands' own
+/// signature when they have one, else boxed to the cheapest (conv2d_signature); then im2col + GEMM.
+template <element T, std::size_t N>
+dynamic_tensor<T, N> conv2d(const dynamic_tensor<T, N>& x, const dynamic_tensor<T, N>& w, std::size_t pad,
+                            const cost_params& machine = {}) {
+  return detail::conv_dynamic<detail::conv_pass::forward>(x, w, pad, machine);
+}
+
+/// conv2d_grad_input on run-time SBPs (the table of ops.hpp; boxing as conv2d).
+template <element T, std::size_t N>
+dynamic_tensor<T, N> conv2d_grad_input(const dynamic_tensor<T, N>& dy, const dynamic_tensor<T, N>& w, std::size_t pad,
+                                       const cost_params& machine = {}) {
+  return detail::conv_dynamic<detail::conv_pass::grad_input>(dy, w, pad, machine);
+}
+
+/// conv2d_grad_weight on run-time SBPs (the table of ops.hpp; boxing as conv2d).
+template <element T, std::size_t N>
+dynamic_tensor<T, N> conv2d_grad_weight(const dynamic_tensor<T, N>& x, const dynamic_tensor<T, N>& dy, std::size_t pad,
+                                        const cost_params& machine = {}) {
+  return detail::conv_dynamic<detail::conv_pass::grad_weight>(x, dy, pad, machine);
 }
 
 }  // namespace flexpar::sbp

@@ -21,14 +21,16 @@
 
 #include <flexpar/collective.hpp>
 #include <flexpar/core/dtype.hpp>
+#include <flexpar/core/memory.hpp>
 #include <flexpar/sbp/layout.hpp>
 #include <flexpar/sbp/parallel.hpp>
 #include <flexpar/sbp/placement.hpp>
 
 namespace flexpar::sbp {
 
-/// Host memory (the only memory of this build; device memory comes with the GPU path).
-struct host {};
+/// Host memory: the memory kind of global tensors (core/memory.hpp). Device memory exists in
+/// flexpar::cuda (doc/gpu.md), but the SBP layer's boxing and local math run on the host.
+using host = flexpar::memory::host;
 
 namespace detail {
 /// True when every partial entry of `s` uses the same op (boxing cannot commute sum and max).
@@ -121,7 +123,8 @@ std::vector<T> gather_full(const placement<N>& where, const shape_t& shape, cons
 template <element T, sbp_type Sbp, class Memory = host>
 class global_tensor {
   static_assert(std::is_same_v<Memory, host>,
-                "flexpar::sbp::global_tensor: only host memory exists in this build (Memory = host)");
+                "flexpar::sbp::global_tensor lives in host memory (Memory = memory::host): its boxing and "
+                "local math run on the CPU; device buffers go through flexpar::cuda's device collectives");
   static_assert(detail::partial_ops_agree(nd_of<Sbp>::value),
                 "flexpar::sbp::global_tensor: an nd-SBP may hold partial values of one op only (P(sum) and P(max) "
                 "on two mesh axes do not commute)");
@@ -133,11 +136,25 @@ class global_tensor {
   static constexpr std::size_t mesh_rank = nd_sbp::mesh_rank;  ///< mesh axes
   using placement_type = placement<mesh_rank>;                 ///< the placement it lives on
 
-  global_tensor(global_tensor&&) noexcept = default;             ///< moves the shard
-  global_tensor& operator=(global_tensor&&) noexcept = default;  ///< moves the shard
-  global_tensor(const global_tensor&) = delete;                  ///< copies are explicit: clone()
-  global_tensor& operator=(const global_tensor&) = delete;       ///< copies are explicit: clone()
-  ~global_tensor() = default;
+  /// Moves the shard; `other` is left empty (on the same placement).
+  global_tensor(global_tensor&& other) noexcept
+      : placement_(other.placement_), shape_(std::move(other.shape_)), local_(std::move(other.local_)) {
+    other.local_ = {};
+  }
+  /// Moves the shard; the buffer this tensor held goes back to its placement's pool.
+  global_tensor& operator=(global_tensor&& other) noexcept {
+    if (this == &other) return *this;
+    placement_.pool().give_back(std::move(local_));
+    placement_ = other.placement_;
+    shape_ = std::move(other.shape_);
+    local_ = std::move(other.local_);
+    other.local_ = {};
+    return *this;
+  }
+  global_tensor(const global_tensor&) = delete;             ///< copies are explicit: clone()
+  global_tensor& operator=(const global_tensor&) = delete;  ///< copies are explicit: clone()
+  /// Returns the shard's buffer to the placement's pool (where the next boxing or tensor reuses it).
+  ~global_tensor() { placement_.pool().give_back(std::move(local_)); }
 
   /// Every mesh rank passes the same full logical tensor and keeps its shard; no communication.
   /// Under partial<sum> the mesh coordinate 0 keeps the values and the others hold zeros; under
@@ -147,7 +164,7 @@ class global_tensor {
     global_tensor t(where, std::move(shape));
     if (!where.contains_me()) return t;
     const box mine = t.my_box();
-    t.local_.resize(mine.elements());
+    t.local_ = where.pool().template acquire<T>(mine.elements());
     copy_box<T>(full, t.shape_, mine.offset, t.local_, mine.extent, shape_t(mine.extent.size(), 0), mine.extent);
     t.zero_partial_copies();
     return t;
@@ -164,19 +181,24 @@ class global_tensor {
     std::vector<std::size_t> sends(p, 0), receives(p, 0);
     std::vector<T> packed;
     if (g.rank() == root) {
+      std::size_t total = 0;
+      for (int q = 0; q < g.size(); ++q)
+        total += shard_box(t.shape_, nd_sbp::value, where.shape(), where.coords_of(q)).elements();
+      packed = where.pool().template acquire<T>(total);
+      std::size_t at = 0;
       for (int q = 0; q < g.size(); ++q) {
         const box b = shard_box(t.shape_, nd_sbp::value, where.shape(), where.coords_of(q));
         sends[static_cast<std::size_t>(q)] = b.elements();
-        const std::size_t at = packed.size();
-        packed.resize(at + b.elements());
         copy_box<T>(full, t.shape_, b.offset, std::span<T>(packed).subspan(at), b.extent, shape_t(b.extent.size(), 0),
                     b.extent);
+        at += b.elements();
       }
     }
-    t.local_.resize(t.my_box().elements());
+    t.local_ = where.pool().template acquire<T>(t.my_box().elements());
     receives[static_cast<std::size_t>(root)] = t.local_.size();
     alltoall_v(g, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(t.local_),
                std::span<const std::size_t>(receives));
+    where.pool().give_back(std::move(packed));
     t.zero_partial_copies();
     return t;
   }
@@ -218,11 +240,17 @@ class global_tensor {
   /// An explicit deep copy.
   [[nodiscard]] global_tensor clone() const {
     global_tensor t(placement_, shape_);
-    t.local_ = local_;
+    t.local_ = placement_.pool().template acquire<T>(local_.size());
+    std::copy(local_.begin(), local_.end(), t.local_.begin());
     return t;
   }
-  /// Takes the storage out (the tensor is left empty); used by boxing to reuse buffers.
-  [[nodiscard]] std::vector<T> release() && noexcept { return std::move(local_); }
+  /// Takes the storage out (the tensor is left empty); the buffer then leaves the placement's pool
+  /// (boxing uses it to box in place).
+  [[nodiscard]] std::vector<T> release() && noexcept {
+    std::vector<T> out = std::move(local_);
+    local_ = {};
+    return out;
+  }
 
   /// Collective over the mesh: the full logical tensor on every mesh rank (empty outside it);
   /// independent of boxing (detail::gather_full), the oracle of the boxing tests.

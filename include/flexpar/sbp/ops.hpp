@@ -14,6 +14,17 @@
 //   softmax<A>(t)               S(i) -> S(i) for i != A   B -> B     (not S(A), not P)
 //   embedding(w [V,D], ids [N]) (S(0), B) -> P(sum)   (S(1), B) -> S(1)   (B, S(0)) -> S(0)   (B, B) -> B
 //   reduce_sum<A>(t)            S(A) -> P(sum)   S(i) -> S(i < A ? i : i - 1)   B -> B   P(sum) -> P(sum)
+//   conv2d(x [N,C,H,W], w [K,C,R,S], pad)                     stride 1, `pad` zeros on every side
+//                               (S(0), B) -> S(0)      sample parallel
+//                               (B, S(0)) -> S(1)      output channels (the weight's K) split
+//                               (S(1), S(1)) -> P(sum) input channels (the reduced C) split on both
+//                               (P(sum), B) -> P(sum)   (B, P(sum)) -> P(sum)   (B, B) -> B
+//   conv2d_grad_input(dy [N,K,P,Q], w, pad) -> dx [N,C,H,W]
+//                               (S(0), B) -> S(0)   (S(1), S(0)) -> P(sum)   (B, S(1)) -> S(1)
+//                               (P(sum), B) -> P(sum)   (B, P(sum)) -> P(sum)   (B, B) -> B
+//   conv2d_grad_weight(x, dy, pad) -> dw [K,C,R,S]
+//                               (S(0), S(0)) -> P(sum)   (B, S(1)) -> S(0)   (S(1), B) -> S(1)
+//                               (P(sum), B) -> P(sum)   (B, P(sum)) -> P(sum)   (B, B) -> B
 #pragma once
 
 #include <algorithm>
@@ -45,8 +56,46 @@ struct signature_result {
   static constexpr signature_result of(parallel p) noexcept { return {true, p}; }
 };
 
+/// One row of a binary op's signature table on one mesh axis: (left, right) -> out.
+struct signature_row {
+  parallel left;   ///< the left operand's SBP
+  parallel right;  ///< the right operand's SBP
+  parallel out;    ///< the output's SBP
+};
+
+/// Signature tables as rows, for the ops whose table is a plain list (the run-time form searches them).
+namespace table {
+/// matmul(a [m,k], b [k,n]) (the same rows as signature::matmul).
+inline constexpr signature_row matmul[] = {
+    {parallel::S(0), parallel::B(), parallel::S(0)}, {parallel::B(), parallel::S(1), parallel::S(1)},
+    {parallel::S(1), parallel::S(0), parallel::P()}, {parallel::P(), parallel::B(), parallel::P()},
+    {parallel::B(), parallel::P(), parallel::P()},   {parallel::B(), parallel::B(), parallel::B()}};
+/// conv2d(x [N,C,H,W], w [K,C,R,S]): sample, output channels (the weight's K), input channels (the reduced C).
+inline constexpr signature_row conv2d[] = {
+    {parallel::S(0), parallel::B(), parallel::S(0)}, {parallel::B(), parallel::S(0), parallel::S(1)},
+    {parallel::S(1), parallel::S(1), parallel::P()}, {parallel::P(), parallel::B(), parallel::P()},
+    {parallel::B(), parallel::P(), parallel::P()},   {parallel::B(), parallel::B(), parallel::B()}};
+/// conv2d_grad_input(dy [N,K,P,Q], w [K,C,R,S]) -> dx [N,C,H,W].
+inline constexpr signature_row conv2d_grad_input[] = {
+    {parallel::S(0), parallel::B(), parallel::S(0)}, {parallel::S(1), parallel::S(0), parallel::P()},
+    {parallel::B(), parallel::S(1), parallel::S(1)}, {parallel::P(), parallel::B(), parallel::P()},
+    {parallel::B(), parallel::P(), parallel::P()},   {parallel::B(), parallel::B(), parallel::B()}};
+/// conv2d_grad_weight(x [N,C,H,W], dy [N,K,P,Q]) -> dw [K,C,R,S].
+inline constexpr signature_row conv2d_grad_weight[] = {
+    {parallel::S(0), parallel::S(0), parallel::P()}, {parallel::B(), parallel::S(1), parallel::S(0)},
+    {parallel::S(1), parallel::B(), parallel::S(1)}, {parallel::P(), parallel::B(), parallel::P()},
+    {parallel::B(), parallel::P(), parallel::P()},   {parallel::B(), parallel::B(), parallel::B()}};
+}  // namespace table
+
 /// The op signature tables of the header comment, one mesh axis at a time.
 namespace signature {
+/// The row of `rows` for (a, b), or none.
+template <std::size_t N>
+constexpr signature_result lookup(const signature_row (&rows)[N], const parallel& a, const parallel& b) noexcept {
+  for (const signature_row& r : rows)
+    if (r.left == a && r.right == b) return signature_result::of(r.out);
+  return signature_result::none();
+}
 /// P(sum)?
 constexpr bool is_sum(const parallel& p) noexcept { return p.is_partial() && p.op == reduce_op::sum; }
 
@@ -98,6 +147,16 @@ constexpr signature_result reduce_sum(const parallel& a, int axis) noexcept {
   if (a.is_split()) return signature_result::of(parallel::S(a.axis < axis ? a.axis : a.axis - 1));
   if (a.is_broadcast() || is_sum(a)) return signature_result::of(a);
   return signature_result::none();
+}
+/// conv2d(x [N,C,H,W], w [K,C,R,S]) -> [N,K,P,Q] (the rows of table::conv2d).
+constexpr signature_result conv2d(const parallel& x, const parallel& w) noexcept { return lookup(table::conv2d, x, w); }
+/// conv2d_grad_input(dy [N,K,P,Q], w [K,C,R,S]) -> dx [N,C,H,W] (table::conv2d_grad_input).
+constexpr signature_result conv2d_grad_input(const parallel& dy, const parallel& w) noexcept {
+  return lookup(table::conv2d_grad_input, dy, w);
+}
+/// conv2d_grad_weight(x [N,C,H,W], dy [N,K,P,Q]) -> dw [K,C,R,S] (table::conv2d_grad_weight).
+constexpr signature_result conv2d_grad_weight(const parallel& x, const parallel& dy) noexcept {
+  return lookup(table::conv2d_grad_weight, x, dy);
 }
 }  // namespace signature
 
@@ -230,6 +289,30 @@ struct reduce_sum_has_no_signature {
                 "the sum. Box first: reduce_sum<Axis>(to<broadcast>(t)).");
 };
 
+template <class Input, class Weight, class Fix>
+struct conv2d_has_no_signature {
+  static_assert(detail::dependent_false<Input>,
+                "flexpar::sbp::conv2d has no signature for these (input, weight) SBPs (named in this template's "
+                "arguments). Per mesh axis it has (S(0), B) -> S(0) (sample), (B, S(0)) -> S(1) (output channels), "
+                "(S(1), S(1)) -> P(sum) (input channels), (P(sum), B) -> P(sum), (B, P(sum)) -> P(sum), (B, B) -> B; "
+                "a split of H or W (S(2), S(3)) would need halos. Box an operand first: the try_to<Left, Right> "
+                "argument is a boxing that compiles, conv2d(to<Left>(x), to<Right>(w), pad).");
+};
+
+template <class Left, class Right, class Fix>
+struct conv2d_grad_has_no_signature {
+  static_assert(detail::dependent_false<Left>,
+                "flexpar::sbp::conv2d_grad_input / conv2d_grad_weight has no signature for these SBPs (named in this "
+                "template's arguments); the tables are in flexpar/sbp/ops.hpp. Box an operand first: the "
+                "try_to<Left, Right> argument is a boxing that compiles.");
+};
+
+template <class T>
+struct conv2d_needs_f32_or_f64 {
+  static_assert(detail::dependent_false<T>,
+                "flexpar::sbp::conv2d runs im2col + the BLAS GEMM: its element type must be float or double.");
+};
+
 template <class A, class B>
 struct operands_on_meshes_of_different_rank {
   static_assert(detail::dependent_false<A>,
@@ -295,6 +378,130 @@ void require_same_shape(const TA& a, const TB& b, const char* op) {
                       to_string(b.shape()) + " differ");
 }
 
+struct conv2d_rule {
+  constexpr signature_result operator()(const parallel& a, const parallel& b) const noexcept {
+    return signature::conv2d(a, b);
+  }
+};
+struct conv2d_grad_input_rule {
+  constexpr signature_result operator()(const parallel& a, const parallel& b) const noexcept {
+    return signature::conv2d_grad_input(a, b);
+  }
+};
+struct conv2d_grad_weight_rule {
+  constexpr signature_result operator()(const parallel& a, const parallel& b) const noexcept {
+    return signature::conv2d_grad_weight(a, b);
+  }
+};
+
+/// Which of the three convolution computations a conv2d call runs.
+enum class conv_pass : unsigned char { forward, grad_input, grad_weight };
+
+inline const char* name_of(conv_pass p) noexcept {
+  switch (p) {
+    case conv_pass::forward: return "conv2d";
+    case conv_pass::grad_input: return "conv2d_grad_input";
+    case conv_pass::grad_weight: return "conv2d_grad_weight";
+  }
+  return "conv2d";
+}
+
+inline std::string shape_error(int rank, conv_pass pass, const char* left, const shape_t& a, const char* right,
+                               const shape_t& b, const char* why) {
+  std::string s = on_rank(rank, name_of(pass));
+  s.append(left).append(" ").append(to_string(a)).append(" and ").append(right).append(" ").append(to_string(b));
+  return s.append(": ").append(why);
+}
+
+/// The logical output shape of a convolution pass from its operands' logical shapes (the geometry is
+/// stride 1 with `pad` zeros on each side). @throws usage_error naming the op and both shapes.
+inline shape_t conv_out_shape(int rank, conv_pass pass, const shape_t& a, const shape_t& b, std::size_t pad) {
+  const char* ln = pass == conv_pass::grad_input ? "dy" : "input";
+  const char* rn = pass == conv_pass::grad_weight ? "dy" : "weight";
+  if (a.size() != 4 || b.size() != 4)
+    throw usage_error(shape_error(rank, pass, ln, a, rn, b, "both must have 4 axes (NCHW, KCRS)"));
+  switch (pass) {
+    case conv_pass::forward:  // x [N,C,H,W], w [K,C,R,S] -> [N,K,P,Q]
+      if (a[1] != b[1]) throw usage_error(shape_error(rank, pass, ln, a, rn, b, "input channels differ"));
+      if (a[2] + 2 * pad < b[2] || a[3] + 2 * pad < b[3])
+        throw usage_error(shape_error(rank, pass, ln, a, rn, b, "the kernel is larger than the padded input"));
+      return {a[0], b[0], a[2] + 2 * pad - b[2] + 1, a[3] + 2 * pad - b[3] + 1};
+    case conv_pass::grad_input:  // dy [N,K,P,Q], w [K,C,R,S] -> [N,C,H,W], H = P + R - 1 - 2 pad
+      if (a[1] != b[0]) throw usage_error(shape_error(rank, pass, ln, a, rn, b, "output channels differ"));
+      if (a[2] + b[2] < 1 + 2 * pad || a[3] + b[3] < 1 + 2 * pad || a[2] == 0 || a[3] == 0)
+        throw usage_error(shape_error(rank, pass, ln, a, rn, b, "no input of this padding has that output"));
+      return {a[0], b[1], a[2] + b[2] - 1 - 2 * pad, a[3] + b[3] - 1 - 2 * pad};
+    case conv_pass::grad_weight:  // x [N,C,H,W], dy [N,K,P,Q] -> [K,C,R,S], R = H + 2 pad - P + 1
+      if (a[0] != b[0]) throw usage_error(shape_error(rank, pass, ln, a, rn, b, "batches differ"));
+      if (b[2] == 0 || b[3] == 0 || b[2] > a[2] + 2 * pad || b[3] > a[3] + 2 * pad)
+        throw usage_error(shape_error(rank, pass, ln, a, rn, b, "no kernel of this padding gives that output"));
+      return {b[1], a[1], a[2] + 2 * pad - b[2] + 1, a[3] + 2 * pad - b[3] + 1};
+  }
+  return {};
+}
+
+/// One convolution pass on the shards: `la`, `lb` are the local boxes' extents, `out` the local output
+/// extents. @throws usage_error when the shards do not fit together (e.g. unequal channel splits).
+template <class T>
+std::vector<T> conv_local(int rank, conv_pass pass, const shape_t& la, const T* a, const shape_t& lb, const T* b,
+                          const shape_t& out, std::size_t pad) {
+  local::conv2d_geometry g;
+  g.pad_h = g.pad_w = pad;
+  const shape_t& x = pass == conv_pass::grad_input ? out : la;
+  const shape_t& w = pass == conv_pass::forward ? lb : (pass == conv_pass::grad_input ? lb : out);
+  g.batch = x[0];
+  g.in_channels = x[1];
+  g.height = x[2];
+  g.width = x[3];
+  g.out_channels = w[0];
+  g.kernel_h = w[2];
+  g.kernel_w = w[3];
+  const shape_t y{g.batch, g.out_channels, g.out_height(), g.out_width()};
+  const shape_t& dy = pass == conv_pass::forward ? out : (pass == conv_pass::grad_input ? la : lb);
+  if (w[1] != g.in_channels || dy != y)
+    throw usage_error(shape_error(rank, pass, "local shard", la, "local shard", lb, "the shards do not fit together"));
+  std::vector<T> c(elements_of(out));
+  if (pass == conv_pass::forward)
+    local::conv2d_forward(g, a, b, c.data());
+  else if (pass == conv_pass::grad_input)
+    local::conv2d_backward_data(g, a, b, c.data());
+  else
+    local::conv2d_backward_weight(g, a, b, c.data());
+  return c;
+}
+
+template <conv_pass Pass, element T, sbp_type A, sbp_type B, class M>
+auto conv_static(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b, std::size_t pad) {
+  using Rule = std::conditional_t<
+      Pass == conv_pass::forward, conv2d_rule,
+      std::conditional_t<Pass == conv_pass::grad_input, conv2d_grad_input_rule, conv2d_grad_weight_rule>>;
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) {
+    (void)sizeof(diagnostic::conv2d_needs_f32_or_f64<T>);
+    return;
+  } else if constexpr (!same_mesh_rank<A, B>()) {
+    return;
+  } else {
+    constexpr nd_signature_result sig = nd_signature(Rule{}, nd_of<A>::value, nd_of<B>::value);
+    if constexpr (!sig.ok) {
+      if constexpr (Pass == conv_pass::forward)
+        (void)sizeof(diagnostic::conv2d_has_no_signature<A, B, fix_type<Rule, A, B>>);
+      else
+        (void)sizeof(diagnostic::conv2d_grad_has_no_signature<A, B, fix_type<Rule, A, B>>);
+      return;
+    } else {
+      using Out = sbp_type_of<sig.out, both_one_axis<A, B>>;
+      const int rank = a.where().parent().rank();
+      require_same_placement(a, b, name_of(Pass));
+      const shape_t out_shape = conv_out_shape(rank, Pass, a.shape(), b.shape(), pad);
+      if (!a.where().contains_me()) return global_tensor<T, Out, M>::from_local(a.where(), out_shape, {});
+      const shape_t out_local = shard_box(out_shape, sig.out, a.where().shape(), a.where().coords()).extent;
+      return global_tensor<T, Out, M>::from_local(a.where(), out_shape,
+                                                  conv_local<T>(rank, Pass, a.local_shape(), a.to_local().data(),
+                                                                b.local_shape(), b.to_local().data(), out_local, pad));
+    }
+  }
+}
+
 }  // namespace detail
 
 /// The output SBP type of an op on static SBPs (void when there is no signature).
@@ -329,6 +536,30 @@ auto matmul(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
       return global_tensor<T, Out, M>::from_local(a.where(), out_shape, std::move(c));
     }
   }
+}
+
+/// 2-D convolution, stride 1, `pad` zeros on every side: x [N, C, H, W] (NCHW) with w [K, C, R, S]
+/// (KCRS) -> [N, K, H + 2 pad - R + 1, W + 2 pad - S + 1] (signatures in the header; "same" padding for
+/// an odd kernel is pad = (R - 1) / 2). Local: im2col + one GEMM per sample through the BLAS; float and
+/// double only. A combination of SBPs without a signature is a compile error naming a boxing that fixes it.
+/// @throws usage_error naming the rank, the op and both shapes when they do not convolve.
+template <element T, sbp_type X, sbp_type W, class M>
+auto conv2d(const global_tensor<T, X, M>& x, const global_tensor<T, W, M>& w, std::size_t pad) {
+  return detail::conv_static<detail::conv_pass::forward>(x, w, pad);
+}
+
+/// The input gradient of conv2d for the output gradient dy [N, K, P, Q] and the weight [K, C, R, S]:
+/// dx [N, C, P + R - 1 - 2 pad, Q + S - 1 - 2 pad] (GEMM + col2im on the shards; signatures in the header).
+template <element T, sbp_type D, sbp_type W, class M>
+auto conv2d_grad_input(const global_tensor<T, D, M>& dy, const global_tensor<T, W, M>& w, std::size_t pad) {
+  return detail::conv_static<detail::conv_pass::grad_input>(dy, w, pad);
+}
+
+/// The weight gradient of conv2d for the input x [N, C, H, W] and the output gradient dy [N, K, P, Q]:
+/// dw [K, C, H + 2 pad - P + 1, W + 2 pad - Q + 1] (im2col + GEMM on the shards; signatures in the header).
+template <element T, sbp_type X, sbp_type D, class M>
+auto conv2d_grad_weight(const global_tensor<T, X, M>& x, const global_tensor<T, D, M>& dy, std::size_t pad) {
+  return detail::conv_static<detail::conv_pass::grad_weight>(x, dy, pad);
 }
 
 /// Element-wise sum (signatures in the header).

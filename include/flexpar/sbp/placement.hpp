@@ -8,7 +8,12 @@
 // communicator in row-major order (all of them by default; a subset for pipeline stages and placement
 // changes); ranks outside it construct the placement too (construction is collective over the
 // parent) but hold no tensor data. The sub-communicators (one per mesh axis, and one of the whole
-// mesh) are created once, at construction, and shared by copies of the placement.
+// mesh) are created once, at construction, and shared by copies of the placement, as is the
+// placement's buffer_pool (the shard buffers its tensors and boxings reuse).
+//
+// Static extents: static_mesh<2, 2> is a placement<2> whose extents are part of its type; its
+// construction checks them against the communicator (a usage_error naming both), and its routes and
+// costs are compile-time values that see the real extents (static_mesh::route).
 #pragma once
 
 #include <array>
@@ -22,6 +27,7 @@
 
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/error.hpp>
+#include <flexpar/sbp/buffer_pool.hpp>
 #include <flexpar/sbp/parallel.hpp>
 
 namespace flexpar::sbp {
@@ -46,10 +52,14 @@ class placement {
 
   /// Collective over `parent` (which must outlive this placement and its copies). `ranks` are the
   /// parent's ranks in the mesh, row-major (default: 0, 1, ..., size-1); their number must be the
-  /// product of `shape`. @throws usage_error naming the mismatch.
-  placement(communicator& parent, std::array<int, MeshRank> shape, std::vector<int> ranks = {})
+  /// product of `shape`. `pool` caches the shard buffers of this placement's tensors and boxings
+  /// (default: a pool of its own, buffer_pool::default_max_bytes; pass one pool to share it between
+  /// placements, or a pool of 0 bytes to cache nothing). @throws usage_error naming the mismatch.
+  placement(communicator& parent, std::array<int, MeshRank> shape, std::vector<int> ranks = {},
+            std::shared_ptr<buffer_pool> pool = {})
       : s_(std::make_shared<state>()) {
     s_->parent = &parent;
+    s_->pool = pool ? std::move(pool) : std::make_shared<buffer_pool>();
     s_->shape = shape;
     int cells = 1;
     for (int e : shape) {
@@ -129,6 +139,8 @@ class placement {
     if (!s_->axes.at(d)) throw outside("axis()");
     return *s_->axes[d];
   }
+  /// The buffer cache of this placement's tensors (shared by its copies).
+  [[nodiscard]] buffer_pool& pool() const noexcept { return *s_->pool; }
   /// Same mesh object (copies of one placement compare equal; two constructions do not).
   friend bool operator==(const placement& a, const placement& b) noexcept { return a.s_ == b.s_; }
   /// "[2, 2] over ranks 0 1 2 3".
@@ -148,6 +160,7 @@ class placement {
     std::array<int, MeshRank> coords{};
     std::unique_ptr<communicator> group;
     std::array<std::unique_ptr<communicator>, MeshRank> axes;
+    std::shared_ptr<buffer_pool> pool;
   };
   static std::string describe(const std::array<int, MeshRank>& shape) {
     std::string s = "[";
@@ -167,6 +180,59 @@ class placement {
     return usage_error(text);
   }
   std::shared_ptr<state> s_;
+};
+
+/// A placement whose mesh extents are part of its type: static_mesh<2, 2> is a 2 x 2 placement<2>.
+/// Everything that takes a placement<2> takes it (tensors, boxing with compile-time routes, costs);
+/// what the type adds is that the extents are compile-time constants (`extents`, `cells`) and that
+/// a mesh of the wrong size cannot be built: construction checks the communicator (or the given
+/// ranks) against the extents and throws a usage_error naming both.
+template <int... Extents>
+class static_mesh : public placement<sizeof...(Extents)> {
+  static_assert(sizeof...(Extents) >= 1 && sizeof...(Extents) <= max_mesh_rank,
+                "flexpar::sbp::static_mesh<E...>: a mesh has 1 to 4 axes");
+  static_assert(((Extents >= 1) && ...), "flexpar::sbp::static_mesh<E...>: every mesh extent must be at least 1");
+
+ public:
+  /// The placement it is.
+  using placement_type = placement<sizeof...(Extents)>;
+  /// Mesh extents, a compile-time value.
+  static constexpr std::array<int, sizeof...(Extents)> extents{Extents...};
+  /// Ranks in the mesh, a compile-time value.
+  static constexpr int cells = (Extents * ...);
+
+  /// Collective over `parent`, like placement's constructor. With no `ranks`, the parent must have
+  /// exactly `cells` ranks; otherwise `ranks` must list `cells` of them.
+  /// @throws usage_error naming the static extents and the communicator size or rank count.
+  explicit static_mesh(communicator& parent, std::vector<int> ranks = {}, std::shared_ptr<buffer_pool> pool = {})
+      : placement_type(parent, extents, checked(parent, std::move(ranks)), std::move(pool)) {}
+
+  /// "static_mesh<2, 2>".
+  static std::string name() {
+    std::string s = "static_mesh<";
+    for (std::size_t d = 0; d < extents.size(); ++d) {
+      if (d) s.append(", ");
+      s.append(std::to_string(extents[d]));
+    }
+    return s.append(">");
+  }
+
+ private:
+  static std::vector<int> checked(communicator& parent, std::vector<int> ranks) {
+    const int given = ranks.empty() ? parent.size() : static_cast<int>(ranks.size());
+    if (given != cells) {
+      std::string text = detail::on_rank(parent.rank(), name());
+      text.append("the mesh has ")
+          .append(std::to_string(cells))
+          .append(" cells but ")
+          .append(ranks.empty() ? "the communicator has " : "the rank list has ")
+          .append(std::to_string(given))
+          .append(" ranks");
+      if (ranks.empty()) text.append(" (pass the ranks of a sub-mesh, or change the extents)");
+      throw usage_error(text);
+    }
+    return ranks;
+  }
 };
 
 }  // namespace flexpar::sbp

@@ -8,12 +8,18 @@
 //
 //   axis        input            weight           output          op kinds
 //   sample      S(0)             B (grad P(sum))  S(0)            all
-//   parameter   B                S(1)             S(1)            linear, conv2d, embedding
+//   parameter   B                S(1)             S(1)            linear, embedding
+//   parameter   B                S(0) ([K,C,R,S]) S(1)            conv2d (output channels)
 //   parameter   S(1)             -                S(1)            elementwise (channels)
 //   parameter   B                S(1) heads       P(sum)          attention (Megatron: heads, then row-parallel O)
 //   attribute   S(1)             S(0)             P(sum)          linear (row parallel: the reduced axis)
+//   attribute   S(1)             S(1) ([K,C,R,S]) P(sum)          conv2d (input channels: the reduced axis)
 //   attribute   B (ids)          S(0) rows        P(sum)          embedding (vocabulary split)
-//   attribute   S(2)             B (grad P(sum))  S(2)            conv2d, elementwise (spatial)
+//   attribute   S(2)             B (grad P(sum))  S(2)            elementwise (spatial)
+//
+// conv2d's attribute is the reduced input-channel axis, not the spatial one: a spatial split needs halo
+// exchanges that neither the simulator nor the SBP layer has, while the channel split is exact and runs
+// (sbp::conv2d's (S(1), S(1)) -> P(sum)).
 //
 // so data-parallel linear is (S(0), B) -> S(0) with the weight gradient allreduced over the sample
 // axis, and a 2-D (sample, parameter) linear is ((S(0), B), (B, S(1))) -> (S(0), S(1)).
@@ -33,7 +39,7 @@ namespace flexpar::search {
 /// Degrees of parallelism and the device set of one op (header comment).
 struct soap_config {
   int sample = 1;        ///< parts along the batch
-  int attribute = 1;     ///< parts along spatial positions, or the reduced axis (linear, embedding)
+  int attribute = 1;     ///< parts along spatial positions, or the reduced axis (linear, conv2d, embedding)
   int parameter = 1;     ///< parts along output channels / heads
   int first_device = 0;  ///< the device set is [first_device, first_device + devices())
 

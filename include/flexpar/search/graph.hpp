@@ -9,8 +9,10 @@
 //   embedding  y[N, D, 1] = the sum of `lookups` rows of a [V, D] table per sample
 //   attention  a self-attention block on [N, d, S]: Q, K, V, O projections (4 d x d) and the scores
 //   elementwise relu, pooling, residual add, the DLRM interaction: no parameters, memory bound
+//              (`function` says which: the executor runs relu and max_pool; a max_pool's output
+//              positions are fewer than its input's: a `kernel` x `kernel` window, stride 1 or more)
 // The SOAP dimensions of config.hpp refer to these axes: sample = N (tensor axis 0), parameter =
-// channels (axis 1), attribute = spatial (axis 2) or, for linear and embedding, the reduced axis.
+// channels (axis 1), attribute = spatial (axis 2) or, for linear, conv2d and embedding, the reduced axis.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,12 @@ enum class op_kind : unsigned char { linear, conv2d, embedding, attention, eleme
 /// "linear", "conv2d", ...
 std::string_view name_of(op_kind k) noexcept;
 
+/// What an elementwise op computes. The simulator needs only its FLOPs; execute.hpp runs relu and max_pool.
+enum class elementwise_fn : unsigned char { other, relu, max_pool };
+
+/// "other", "relu", "max_pool".
+std::string_view name_of(elementwise_fn f) noexcept;
+
 /// One op of the graph.
 struct op {
   std::string name;                 ///< unique label (printed with its strategy)
@@ -37,6 +45,9 @@ struct op {
   std::size_t spatial = 1;          ///< output positions per sample (tensor axis 2): H*W, sequence, 1
   double forward_flops = 0;         ///< floating-point operations of the forward pass (whole batch)
   double param_bytes = 0;           ///< bytes of the op's parameters (0: none)
+  std::size_t kernel = 1;           ///< conv2d: the k x k kernel; max_pool: the k x k window
+  /// elementwise ops: what they compute
+  elementwise_fn function = elementwise_fn::other;
 };
 
 /// A model: ops in topological order (every input index is smaller than the op's own).
@@ -67,6 +78,11 @@ op attention(std::string name, std::size_t batch, std::size_t hidden, std::size_
 /// An element-wise op on [batch, channels, spatial] (flops_per_element operations per output element).
 op elementwise(std::string name, std::size_t batch, std::size_t channels, std::size_t spatial,
                double flops_per_element = 1);
+/// max(0, x) on [batch, channels, spatial] (function relu, 1 operation per element).
+op relu(std::string name, std::size_t batch, std::size_t channels, std::size_t spatial = 1);
+/// A `window` x `window` max pooling of a square input to `out_side` x `out_side` positions per channel
+/// (the stride is what maps the input's side to out_side; k*k operations per output element).
+op max_pool(std::string name, std::size_t batch, std::size_t channels, std::size_t out_side, std::size_t window);
 }  // namespace make
 
 /// Reference models (FlexFlow's evaluation set, scaled).
@@ -76,6 +92,11 @@ graph mlp(std::size_t batch, const std::vector<std::size_t>& widths);
 /// An AlexNet-like CNN: 5 convolutions with pooling, then fully-connected 9216 -> 4096 -> 4096 -> 1000
 /// (the large FC layers hold ~95% of the parameters).
 graph cnn(std::size_t batch);
+/// The CNN's op kinds at a size CPU ranks run (execute.hpp): conv1 (3 -> `channels`, 3 x 3, on
+/// `side` x `side`), relu1, pool1 (2 x 2 max, stride 2), conv2 (`channels` -> 2 `channels`, 3 x 3), pool2
+/// (2 x 2, stride 2), fc3 (2 `channels` (side / 4)^2 -> `classes`, reading the pooled maps flattened).
+/// @throws usage_error when side is not a multiple of 4.
+graph cnn_small(std::size_t batch, std::size_t side = 8, std::size_t channels = 3, std::size_t classes = 10);
 /// `layers` Transformer blocks (attention, residual, FFN hidden -> 4 hidden -> hidden, residual).
 graph transformer(std::size_t layers, std::size_t batch, std::size_t seq, std::size_t hidden);
 /// A DLRM-like recommender: `tables` embedding tables of `vocab` x 64, a bottom MLP on the dense

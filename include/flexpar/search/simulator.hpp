@@ -9,8 +9,9 @@
 //      model's output) the boxing the loss needs: P(sum) -> S(0) and its gradient S(0) -> B
 //   2. backward phase, ops in reverse: the op's backward computation (2x forward FLOPs), a boxing task
 //      per input edge carrying the input gradient back (dual SBPs: S -> S, B -> P(sum), P(sum) -> B),
-//      and the allreduce of the weight gradient over the weight's replicas (ring, or hierarchical when
-//      the group spans nodes evenly and that is cheaper: the algorithm is chosen per op and network)
+//      and the synchronization of the weight gradient over the weight's replicas: the cheapest of the
+//      algorithms the sync_policy allows (ring; hierarchical when the group spans nodes evenly; with
+//      a looser policy bytegrad, 1-bit Adam, decentralized): chosen per op and network
 //   3. update phase: each op's optimizer update on its weight shard (memory bound)
 // A task occupies a set of queues (the compute queues of its op's devices, or the link queues of the
 // devices a transfer touches); it starts when its dependencies have ended and every queue it needs is
@@ -36,18 +37,75 @@
 
 namespace flexpar::search {
 
-/// The algorithm a weight-gradient allreduce runs.
-enum class allreduce_algorithm : unsigned char { none, ring, hierarchical };
+/// How a weight gradient is synchronized over its replicas: the exact allreduce algorithms, and BAGUA's
+/// communication relaxations that flexpar has (include/flexpar/relax, doc/relaxations.md). The simulator
+/// picks the cheapest one its sync_policy allows, per op and network (BAGUA's open problem).
+enum class allreduce_algorithm : unsigned char {
+  none,                         ///< nothing to synchronize (the weight is not replicated)
+  ring,                         ///< f32 ring allreduce (exact)
+  hierarchical,                 ///< f32 intra-node reduce-scatter, inter-node allreduce, intra-node allgather (exact)
+  bytegrad,                     ///< min-max uint8 compressed centralized average (lossy; replicas identical)
+  onebit_adam,                  ///< 1-bit compressed momentum with error feedback (owns its optimizer: Adam)
+  decentralized_shift_one,      ///< f32 weights averaged with one peer per step (replicas differ)
+  low_precision_decentralized,  ///< uint8 weight differences with the ring neighbours (replicas differ)
+};
 
-/// "none", "ring", "hierarchical".
+/// "none", "ring", "hierarchical", "bytegrad", "onebit_adam", "decentralized_shift_one",
+/// "low_precision_decentralized".
 std::string_view name_of(allreduce_algorithm a) noexcept;
+
+/// Which gradient synchronizations the simulator may choose; each policy allows those of the ones before.
+enum class sync_policy : unsigned char {
+  exact,       ///< ring or hierarchical allreduce only: the optimizer's exact semantics (the default)
+  compressed,  ///< also bytegrad: the same optimizer on an 8-bit quantized average, replicas stay identical
+  relaxed,     ///< also 1-bit Adam and the decentralized ones: they change the optimizer's semantics
+};
+
+/// "exact", "compressed", "relaxed".
+std::string_view name_of(sync_policy p) noexcept;
+
+/// The policy named "exact", "compressed" or "relaxed". @throws usage_error for another name (listing them).
+sync_policy sync_policy_from(std::string_view name);
+
+/// The least permissive policy that allows `a` (none, ring, hierarchical: exact; bytegrad: compressed; the rest:
+/// relaxed).
+sync_policy policy_of(allreduce_algorithm a) noexcept;
+
+/// True when `a` changes the optimizer's semantics (it is not an allreduce of the gradients, exact or
+/// quantized): 1-bit Adam and the decentralized algorithms.
+inline bool changes_optimizer(allreduce_algorithm a) noexcept { return policy_of(a) == sync_policy::relaxed; }
+
+/// A replica group of a weight-gradient synchronization.
+struct sync_group {
+  int ranks = 1;     ///< ranks holding a replica
+  int nodes = 1;     ///< nodes they are on
+  int per_node = 0;  ///< ranks on each node when every node has the same number, else 0
+};
+
+/// Seconds to synchronize a weight gradient of `bytes` (f32) over `grp` with `a` on `c` (+infinity when `a`
+/// does not apply: hierarchical on one node or an uneven group). Wire steps and bytes follow the algorithm's
+/// pattern (the relax headers' wire_bytes()) on `c.params(grp.nodes > 1)`; local passes (sums, averages) go
+/// through memory (gamma); encodes and decodes at `c.compression`'s rates:
+///   ring          allreduce_ring_cost(p, M)
+///   hierarchical  allreduce_hierarchical_cost(per_node, nodes, M)
+///   bytegrad      2(p-1) steps, 2(p-1)/p E8(M) wire, M reduced; encode (1 + 1/p) M, decode 2M (min-max)
+///   onebit_adam   2(p-1) steps, 2(p-1)/p E1(M) wire, M reduced; encode (1 + 1/p) M, decode 2M (1-bit),
+///                 its Adam passes over M (compression.adam_update)
+///   decentralized_shift_one      1 step, M wire, M averaged
+///   low_precision_decentralized  q steps, q E8(M) wire (q = 1 for p = 2, else 2 neighbours), (2q + 2) M
+///                                local passes; encode M, decode (q + 1) M (min-max)
+/// and for every relaxation 4M of memory traffic to fuse the tensors into one bucket and back,
+/// with p = grp.ranks, M = bytes. 0 for p = 1.
+double sync_seconds(allreduce_algorithm a, const sync_group& grp, double bytes, const cluster& c);
 
 /// What the simulator predicts for one op under the current strategy.
 struct op_times {
-  double forward = 0;                                         ///< forward computation, seconds
-  double backward = 0;                                        ///< backward computation
-  double input_boxing = 0;                                    ///< forward boxing of all its inputs
-  double gradient_allreduce = 0;                              ///< allreduce of its weight gradient
+  double forward = 0;             ///< forward computation, seconds
+  double backward = 0;            ///< backward computation
+  double input_boxing = 0;        ///< forward boxing of all its inputs
+  double gradient_allreduce = 0;  ///< allreduce of its weight gradient
+  double backward_boxing = 0;     ///< backward boxing of its input gradients, and the loss's boxing of its output
+  double update = 0;              ///< the optimizer update of its weight shard
   allreduce_algorithm algorithm = allreduce_algorithm::none;  ///< chosen for that allreduce
 };
 
@@ -75,6 +133,11 @@ class simulator {
   [[nodiscard]] double step_time() const noexcept;
   /// The current strategy.
   [[nodiscard]] const strategy& current() const noexcept;
+  /// The gradient synchronizations the simulator may choose from the next simulate() on (default
+  /// sync_policy::exact, so results do not change unless asked). @post change() needs a simulate() first.
+  void set_policy(sync_policy p) noexcept;
+  /// The policy in force.
+  [[nodiscard]] sync_policy policy() const noexcept;
   /// The predicted times of op i under the current strategy.
   [[nodiscard]] op_times times_of(std::size_t i) const;
   /// The graph.

@@ -1,0 +1,171 @@
+// flexpar/sbp/buffer_pool.hpp — a bounded cache of shard buffers, so that boxing reuses warm memory.
+//
+// Why: a boxing returns a new tensor and works through temporaries (packed blocks, gathered rows).
+// Allocated fresh each call, buffers of a few MiB sit around glibc's mmap threshold: every call
+// maps, page-faults and unmaps them again, which costs more than the collective itself at 4 MiB
+// (doc/sbp.md, "Measured"). A buffer_pool keeps the buffers that tensors and boxing temporaries give
+// back and hands them out again:
+//
+//   - size classes by capacity (powers of two): acquire(n) takes a buffer of capacity >= n from the
+//     class of n or the next one up (at most 4x the bytes asked for), else allocates;
+//   - bounded: the pool holds at most max_bytes() of capacity; a buffer that does not fit is freed;
+//   - typed lists per element type behind one object (a placement holds one pool for every T);
+//   - thread-safe (one mutex): copies of a placement may be used from several threads.
+//
+// Ownership stays with std::vector<T>: a buffer is either in the pool or owned by exactly one
+// vector, so a global_tensor remains move-only and owns its shard; the pool frees what it holds
+// when it is destroyed (the placement's shared state owns it, and every tensor holds a copy of its
+// placement, so the pool outlives the buffers it may receive).
+//
+// No process-global state: each placement owns its pool (placement_options::pool_bytes), or the
+// user passes one shared pool to several placements.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <typeindex>
+#include <utility>
+#include <vector>
+
+namespace flexpar::sbp {
+
+/// A bounded, thread-safe cache of std::vector<T> buffers of any element types (header above).
+class buffer_pool {
+ public:
+  /// What the pool has done (for tests and logs).
+  struct statistics {
+    std::size_t hits = 0;      ///< acquire() served from the cache
+    std::size_t misses = 0;    ///< acquire() that allocated
+    std::size_t returned = 0;  ///< buffers give_back() kept
+    std::size_t dropped = 0;   ///< buffers give_back() freed (over the bound)
+  };
+
+  /// The default bound: 256 MiB of cached capacity.
+  static constexpr std::size_t default_max_bytes = std::size_t{256} << 20;
+
+  /// A pool that caches at most `max_bytes` bytes of buffer capacity (0: caches nothing).
+  explicit buffer_pool(std::size_t max_bytes = default_max_bytes) noexcept : max_bytes_(max_bytes) {}
+  buffer_pool(const buffer_pool&) = delete;             ///< not copyable: buffers have one owner
+  buffer_pool& operator=(const buffer_pool&) = delete;  ///< not copyable
+  ~buffer_pool() = default;                             ///< frees every cached buffer
+
+  /// A buffer of exactly `n` elements whose contents are unspecified (a reused buffer keeps old
+  /// values; the caller writes every element it reads). Elements past the previous size of a reused
+  /// buffer are value-initialized.
+  template <class T>
+  [[nodiscard]] std::vector<T> acquire(std::size_t n) {
+    std::vector<T> v = take<T>(n);
+    v.resize(n);  // shrinking is free for trivially destructible T; growing fills only the tail
+    return v;
+  }
+
+  /// A buffer of `n` copies of `value`.
+  template <class T>
+  [[nodiscard]] std::vector<T> acquire(std::size_t n, const T& value) {
+    std::vector<T> v = take<T>(n);
+    v.assign(n, value);
+    return v;
+  }
+
+  /// Returns `v`'s buffer to the pool (or frees it when the pool is full). Leaves `v` empty.
+  /// Never throws: when the free list cannot grow, the buffer is freed instead.
+  template <class T>
+  void give_back(std::vector<T>&& v) noexcept {
+    std::vector<T> owned = std::move(v);
+    v = {};
+    const std::size_t bytes = owned.capacity() * sizeof(T);
+    if (bytes == 0) return;
+    std::lock_guard lock(mutex_);
+    if (bytes > max_bytes_ - std::min(max_bytes_, cached_bytes_)) {
+      ++stats_.dropped;
+      return;  // `owned` frees it
+    }
+    try {
+      lists_for<T>().by_class[class_of(owned.capacity())].push_back(std::move(owned));
+    } catch (const std::bad_alloc&) {  // the free list could not grow: free the buffer instead
+      ++stats_.dropped;
+      return;
+    }
+    cached_bytes_ += bytes;
+    ++stats_.returned;
+  }
+
+  /// Bytes of capacity cached now (<= max_bytes()).
+  [[nodiscard]] std::size_t cached_bytes() const {
+    std::lock_guard lock(mutex_);
+    return cached_bytes_;
+  }
+  /// The bound on cached_bytes().
+  [[nodiscard]] std::size_t max_bytes() const noexcept { return max_bytes_; }
+  /// Counters since construction.
+  [[nodiscard]] statistics stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+  /// Frees every cached buffer.
+  void clear() {
+    std::lock_guard lock(mutex_);
+    lists_.clear();
+    cached_bytes_ = 0;
+  }
+
+ private:
+  static constexpr std::size_t classes = 64;
+
+  struct lists_base {
+    virtual ~lists_base() = default;
+  };
+  template <class T>
+  struct typed_lists final : lists_base {
+    std::array<std::vector<std::vector<T>>, classes> by_class;  // class k: capacity in [2^k, 2^(k+1))
+  };
+
+  static std::size_t class_of(std::size_t n) noexcept { return n == 0 ? 0 : std::bit_width(n) - 1; }
+
+  template <class T>
+  typed_lists<T>& lists_for() {
+    for (auto& [type, lists] : lists_)
+      if (type == std::type_index(typeid(T))) return static_cast<typed_lists<T>&>(*lists);
+    lists_.emplace_back(std::type_index(typeid(T)), std::make_unique<typed_lists<T>>());
+    return static_cast<typed_lists<T>&>(*lists_.back().second);
+  }
+
+  /// A cached buffer of capacity >= n (class of n, or the next one), else a new empty one.
+  template <class T>
+  std::vector<T> take(std::size_t n) {
+    if (n == 0) return {};
+    {
+      std::lock_guard lock(mutex_);
+      auto& lists = lists_for<T>();
+      const std::size_t k = class_of(n);
+      for (std::size_t c = k; c < std::min(k + 2, classes); ++c) {
+        auto& list = lists.by_class[c];
+        for (std::size_t i = list.size(); i-- > 0;) {  // most recently returned first: warmest
+          if (list[i].capacity() < n) continue;
+          std::vector<T> v = std::move(list[i]);
+          list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
+          cached_bytes_ -= v.capacity() * sizeof(T);
+          ++stats_.hits;
+          return v;
+        }
+      }
+      ++stats_.misses;
+    }
+    std::vector<T> v;
+    v.reserve(n);
+    return v;
+  }
+
+  mutable std::mutex mutex_;
+  std::size_t max_bytes_;
+  std::size_t cached_bytes_ = 0;
+  statistics stats_;
+  std::vector<std::pair<std::type_index, std::unique_ptr<lists_base>>> lists_;
+};
+
+}  // namespace flexpar::sbp

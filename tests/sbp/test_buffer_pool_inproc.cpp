@@ -1,0 +1,327 @@
+// The shard buffer pool and the static mesh, threads as ranks: the pool reuses, stays within its
+// bound and is thread-safe; tensors give their buffers back on destruction and stay move-only;
+// boxing in steady state allocates nothing new and boxes rvalues in place where the collective
+// allows; every boxing pair stays exact when the pool hands out buffers full of garbage;
+// static_mesh<E...> checks its extents against the communicator.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <flexpar/sbp/sbp.hpp>
+#include <flexpar/transport/inproc.hpp>
+
+#include "support/test_config.hpp"
+
+#include "boxing_checks.hpp"
+
+namespace flexpar::sbp {
+namespace {
+
+using namespace testing_support;
+
+// ---- buffer_pool on its own ----------------------------------------------------------------------
+
+TEST(buffer_pool, a_returned_buffer_is_handed_out_again) {
+  buffer_pool pool;
+  std::vector<float> a = pool.acquire<float>(1000);
+  ASSERT_EQ(a.size(), 1000u);
+  const float* where = a.data();
+  EXPECT_EQ(pool.stats().misses, 1u);
+  pool.give_back(std::move(a));
+  EXPECT_TRUE(a.empty());
+  EXPECT_EQ(pool.cached_bytes(), 1000 * sizeof(float));
+  std::vector<float> b = pool.acquire<float>(900);  // same size class, fits
+  EXPECT_EQ(b.data(), where);
+  EXPECT_EQ(b.size(), 900u);
+  EXPECT_EQ(pool.stats().hits, 1u);
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  pool.give_back(std::move(b));
+  std::vector<float> c = pool.acquire<float>(1000);  // grows back into its capacity
+  EXPECT_EQ(c.data(), where);
+  EXPECT_EQ(c.size(), 1000u);
+}
+
+TEST(buffer_pool, a_buffer_far_too_large_is_not_used_for_a_small_request) {
+  buffer_pool pool;
+  pool.give_back(pool.acquire<double>(4096));
+  std::vector<double> small = pool.acquire<double>(100);  // 4096 is over 4x of 100: allocate instead
+  EXPECT_EQ(pool.stats().hits, 0u);
+  EXPECT_EQ(pool.stats().misses, 2u);
+  EXPECT_EQ(pool.cached_bytes(), 4096 * sizeof(double));
+}
+
+TEST(buffer_pool, element_types_do_not_mix) {
+  buffer_pool pool;
+  pool.give_back(pool.acquire<float>(64));
+  std::vector<double> d = pool.acquire<double>(32);
+  EXPECT_EQ(pool.stats().hits, 0u);
+  std::vector<float> f = pool.acquire<float>(64);
+  EXPECT_EQ(pool.stats().hits, 1u);
+}
+
+TEST(buffer_pool, the_filled_form_fills_a_reused_buffer) {
+  buffer_pool pool;
+  pool.give_back(std::vector<int>(100, 7));
+  const std::vector<int> v = pool.acquire<int>(80, -1);
+  EXPECT_EQ(pool.stats().hits, 1u);
+  EXPECT_EQ(v, std::vector<int>(80, -1));
+}
+
+TEST(buffer_pool, holds_at_most_its_bound) {
+  buffer_pool pool(4096);
+  pool.give_back(std::vector<char>(5000));  // larger than the bound: freed
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  EXPECT_EQ(pool.stats().dropped, 1u);
+  pool.give_back(std::vector<char>(3000));
+  pool.give_back(std::vector<char>(1000));
+  pool.give_back(std::vector<char>(200));  // 4200 > 4096: freed
+  EXPECT_EQ(pool.cached_bytes(), 4000u);
+  EXPECT_EQ(pool.stats().returned, 2u);
+  EXPECT_EQ(pool.stats().dropped, 2u);
+  pool.clear();
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  buffer_pool none(0);
+  none.give_back(std::vector<int>(1));
+  EXPECT_EQ(none.cached_bytes(), 0u);
+}
+
+TEST(buffer_pool, is_thread_safe) {
+  buffer_pool pool(1 << 20);
+  constexpr int threads = 4, rounds = 2000;
+  std::vector<std::thread> workers;
+  for (int w = 0; w < threads; ++w)
+    workers.emplace_back([&pool, w] {
+      for (int i = 0; i < rounds; ++i) {
+        const auto n = static_cast<std::size_t>(1 + (i * 37 + w * 11) % 3000);
+        std::vector<std::int32_t> v = pool.acquire<std::int32_t>(n, w);
+        for (std::int32_t x : v) ASSERT_EQ(x, w);  // nobody else writes my buffer
+        pool.give_back(std::move(v));
+      }
+    });
+  for (auto& t : workers) t.join();
+  const auto s = pool.stats();
+  EXPECT_EQ(s.hits + s.misses, std::size_t{threads * rounds});
+  EXPECT_EQ(s.returned + s.dropped, std::size_t{threads * rounds});
+  EXPECT_GT(s.hits, 0u);
+  EXPECT_LE(pool.cached_bytes(), pool.max_bytes());
+}
+
+// ---- tensors and boxing on a pool ----------------------------------------------------------------
+
+static_assert(!std::is_copy_constructible_v<global_tensor<float, split<0>>>);
+static_assert(!std::is_copy_assignable_v<global_tensor<float, split<0>>>);
+static_assert(std::is_nothrow_move_constructible_v<global_tensor<float, split<0>>>);
+static_assert(std::is_nothrow_move_assignable_v<global_tensor<float, split<0>>>);
+
+TEST(buffer_pool, a_tensor_gives_its_buffer_back_and_the_next_one_reuses_it) {
+  run_in_process(
+      2,
+      [](communicator& comm) {
+        placement<1> mesh(comm, {2});
+        const shape_t shape{6, 5};
+        const auto full = logical<float>(shape, 1);
+        const float* where = nullptr;
+        {
+          auto t = global_tensor<float, split<0>>::from_full(mesh, shape, full);
+          where = t.to_local().data();
+          auto moved = std::move(t);  // moves own the buffer; the moved-from tensor gives nothing back
+          EXPECT_EQ(moved.to_local().data(), where);
+          EXPECT_TRUE(t.to_local().empty());  // NOLINT(bugprone-use-after-move): checking the moved-from state
+          EXPECT_EQ(mesh.pool().cached_bytes(), 0u);
+        }
+        EXPECT_EQ(mesh.pool().cached_bytes(), 15 * sizeof(float));
+        auto again = global_tensor<float, split<0>>::from_full(mesh, shape, full);
+        EXPECT_EQ(again.to_local().data(), where);
+        auto other = global_tensor<float, split<0>>::from_full(mesh, shape, full);
+        other = std::move(again);  // the buffer `other` held goes back to the pool
+        EXPECT_EQ(other.to_local().data(), where);
+        EXPECT_EQ(mesh.pool().cached_bytes(), 15 * sizeof(float));
+        EXPECT_EQ(other.to_full(), full);
+      },
+      flexpar::testing_support::with_timeout());
+}
+
+TEST(buffer_pool, rvalue_boxing_works_in_the_tensors_own_buffer) {
+  run_in_process(
+      3,
+      [](communicator& comm) {
+        placement<1> mesh(comm, {3});
+        const shape_t shape{7, 4};
+        const auto full = logical<double>(shape, 2);
+        {  // P -> B: allreduce in place
+          auto t = global_tensor<double, partial_sum>::from_full(mesh, shape, full);
+          const double* where = t.to_local().data();
+          auto b = to<broadcast>(std::move(t));
+          EXPECT_EQ(b.to_local().data(), where);
+          EXPECT_EQ(b.to_full(), full);
+        }
+        {  // P -> S(0): reduce-scatter in place, my block kept in the same buffer
+          auto t = global_tensor<double, partial_sum>::from_full(mesh, shape, full);
+          const double* where = t.to_local().data();
+          auto s = to<split<0>>(std::move(t));
+          EXPECT_EQ(s.to_local().data(), where);
+          EXPECT_EQ(s.to_full(), full);
+        }
+        {  // B -> S(0): my rows kept in the same buffer
+          auto t = global_tensor<double, broadcast>::from_full(mesh, shape, full);
+          const double* where = t.to_local().data();
+          auto s = to<split<0>>(std::move(t));
+          EXPECT_EQ(s.to_local().data(), where);
+          EXPECT_EQ(s.to_full(), full);
+        }
+      },
+      flexpar::testing_support::with_timeout());
+}
+
+TEST(buffer_pool, boxing_in_a_steady_state_allocates_no_new_buffers) {
+  for (int p : {2, 3}) {
+    run_in_process(
+        p,
+        [](communicator& comm) {
+          placement<1> mesh(comm, {comm.size()});
+          const shape_t shape{9, 10};
+          const auto full = logical<float>(shape, 3);
+          std::size_t misses_after_first = 0;
+          for (int round = 0; round < 5; ++round) {
+            auto t = global_tensor<float, partial_sum>::from_full(mesh, shape, full);
+            auto s1 = to<split<1>>(std::move(t));                 // pack -> reduce-scatter
+            auto s0 = to<split<0>>(std::move(s1));                // pack -> alltoall
+            auto b = to<broadcast>(to<split<1>>(std::move(s0)));  // alltoall -> unpack; allgather -> unpack
+            if (round == 4) {
+              EXPECT_EQ(b.to_full(), full);
+            }
+            if (round == 1) misses_after_first = mesh.pool().stats().misses;
+          }
+          EXPECT_EQ(mesh.pool().stats().misses, misses_after_first) << "boxing allocated after the second round";
+          EXPECT_LE(mesh.pool().cached_bytes(), mesh.pool().max_bytes());
+        },
+        flexpar::testing_support::with_timeout());
+  }
+}
+
+/// Fills `pool` with buffers of many sizes holding `junk`, so that every boxing works on reused,
+/// dirty memory.
+template <class T>
+void poison(buffer_pool& pool, T junk) {
+  for (std::size_t n = 1; n <= 512; n = n * 3 / 2 + 1)
+    for (int copies = 0; copies < 4; ++copies) pool.give_back(std::vector<T>(n, junk));
+}
+
+class dirty_pool : public ::testing::TestWithParam<int> {};
+
+TEST_P(dirty_pool, every_pair_is_exact_on_reused_buffers) {
+  run_in_process(
+      GetParam(),
+      [](communicator& comm) {
+        placement<1> mesh(comm, {comm.size()});
+        int salt = 0;
+        for (const shape_t& shape : shapes())
+          for_each_pair(one_axis{}, [&]<class From, class To>(From, To) {
+            poison<std::int32_t>(mesh.pool(), 999);
+            check_pair<std::int32_t, From, To>(mesh, shape, ++salt);
+          });
+        for_each_pair(list<split<1>, partial<reduce_op::max>, broadcast>{}, [&]<class From, class To>(From, To) {
+          poison<float>(mesh.pool(), std::numeric_limits<float>::quiet_NaN());
+          check_pair<float, From, To>(mesh, {5, 3}, ++salt);
+        });
+      },
+      flexpar::testing_support::with_timeout());
+}
+
+INSTANTIATE_TEST_SUITE_P(worlds, dirty_pool, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return std::string("p").append(std::to_string(info.param)); });
+
+TEST(buffer_pool, placements_can_share_one_pool_or_cache_nothing) {
+  run_in_process(
+      2,
+      [](communicator& comm) {
+        auto shared = std::make_shared<buffer_pool>();
+        placement<1> a(comm, {2}, {}, shared), b(comm, {2}, {}, shared);
+        EXPECT_EQ(&a.pool(), &b.pool());
+        placement<1> none(comm, {2}, {}, std::make_shared<buffer_pool>(0));
+        {
+          auto t = global_tensor<int, broadcast>::from_full(none, {4}, std::vector<int>{1, 2, 3, 4});
+          EXPECT_EQ(to<split<0>>(to<split<0>>(std::move(t))).to_full(), (std::vector<int>{1, 2, 3, 4}));
+        }
+        EXPECT_EQ(none.pool().cached_bytes(), 0u);
+      },
+      flexpar::testing_support::with_timeout());
+}
+
+// ---- static mesh ---------------------------------------------------------------------------------
+
+static_assert(static_mesh<2, 2>::cells == 4);
+static_assert(static_mesh<2, 3>::extents == std::array<int, 2>{2, 3});
+static_assert(static_mesh<2, 2>::mesh_rank == 2);
+static_assert(std::is_base_of_v<placement<2>, static_mesh<2, 2>>);
+// the route of a boxing on a static mesh is still a compile-time value
+static_assert(route_of<sbp<split<0>, split<1>>, sbp<broadcast, broadcast>>.count == 2);
+
+TEST(static_mesh, boxes_like_the_placement_it_is) {
+  run_in_process(
+      4,
+      [](communicator& comm) {
+        static_mesh<2, 2> mesh(comm);
+        EXPECT_EQ(mesh.shape(), (std::array<int, 2>{2, 2}));
+        int salt = 0;
+        for_each_pair(two_axes{}, [&]<class From, class To>(From, To) {
+          check_pair<std::int64_t, From, To>(mesh, {5, 3, 4}, ++salt);
+        });
+        static_mesh<4> line(comm);
+        check_pair<float, split<1>, split<0>>(line, {3, 7}, 1);
+      },
+      flexpar::testing_support::with_timeout());
+}
+
+TEST(static_mesh, a_sub_mesh_takes_the_listed_ranks) {
+  run_in_process(
+      4,
+      [](communicator& comm) {
+        static_mesh<2> odd(comm, {1, 3});
+        EXPECT_EQ(odd.contains_me(), comm.rank() % 2 == 1);
+        const std::vector<float> full{1, 2, 3, 4, 5};
+        auto t = global_tensor<float, split<0>>::from_full(odd, {5}, full);
+        auto b = to<broadcast>(std::move(t));
+        if (odd.contains_me()) {
+          EXPECT_EQ(b.to_full(), full);
+        }
+      },
+      flexpar::testing_support::with_timeout());
+}
+
+TEST(static_mesh, the_wrong_number_of_ranks_is_a_clear_error) {
+  run_in_process(
+      3,
+      [](communicator& comm) {
+        try {
+          static_mesh<2, 2> mesh(comm);
+          ADD_FAILURE() << "a 2 x 2 static mesh was built over 3 ranks";
+        } catch (const usage_error& e) {
+          const std::string text = e.what();
+          EXPECT_NE(text.find("[rank " + std::to_string(comm.rank()) + "]"), std::string::npos) << text;
+          EXPECT_NE(text.find("static_mesh<2, 2>: the mesh has 4 cells but the communicator has 3 ranks"),
+                    std::string::npos)
+              << text;
+        }
+        try {
+          static_mesh<2> mesh(comm, {0, 1, 2});
+          ADD_FAILURE() << "a static mesh of 2 was built over 3 listed ranks";
+        } catch (const usage_error& e) {
+          EXPECT_NE(std::string(e.what()).find("static_mesh<2>: the mesh has 2 cells but the rank list has 3 ranks"),
+                    std::string::npos)
+              << e.what();
+        }
+        static_mesh<3> fits(comm);  // and the right size builds
+        EXPECT_EQ(fits.size(), 3);
+      },
+      flexpar::testing_support::with_timeout());
+}
+
+}  // namespace
+}  // namespace flexpar::sbp
