@@ -94,51 +94,41 @@ double graph::output_bytes(std::size_t i) const {
 }
 
 namespace make {
-op linear(std::string name, std::size_t batch, std::size_t in, std::size_t out, std::size_t positions) {
+namespace {
+// The fields every builder sets: what the op is and the shape of its output.
+op shaped(std::string name, op_kind kind, std::size_t batch, std::size_t in, std::size_t out, std::size_t spatial) {
   op o;
   o.name = std::move(name);
-  o.kind = op_kind::linear;
+  o.kind = kind;
   o.batch = batch;
   o.in_channels = in;
   o.out_channels = out;
-  o.spatial = positions;
+  o.spatial = spatial;
+  return o;
+}
+}  // namespace
+
+op linear(std::string name, std::size_t batch, std::size_t in, std::size_t out, std::size_t positions) {
+  op o = shaped(std::move(name), op_kind::linear, batch, in, out, positions);
   o.forward_flops = 2.0 * double(batch) * double(positions) * double(in) * double(out);
   o.param_bytes = f32 * double(in) * double(out);
   return o;
 }
 op conv2d(std::string name, std::size_t batch, std::size_t cin, std::size_t cout, std::size_t hw, std::size_t k) {
-  op o;
-  o.name = std::move(name);
-  o.kind = op_kind::conv2d;
-  o.batch = batch;
-  o.in_channels = cin;
-  o.out_channels = cout;
-  o.spatial = hw;
+  op o = shaped(std::move(name), op_kind::conv2d, batch, cin, cout, hw);
   o.forward_flops = 2.0 * double(batch) * double(hw) * double(cin) * double(cout) * double(k * k);
   o.param_bytes = f32 * double(cin) * double(cout) * double(k * k);
   o.kernel = k;
   return o;
 }
 op embedding(std::string name, std::size_t batch, std::size_t vocab, std::size_t dim, std::size_t lookups) {
-  op o;
-  o.name = std::move(name);
-  o.kind = op_kind::embedding;
-  o.batch = batch;
-  o.in_channels = vocab;
-  o.out_channels = dim;
-  o.spatial = 1;
+  op o = shaped(std::move(name), op_kind::embedding, batch, vocab, dim, 1);
   o.forward_flops = double(batch) * double(lookups) * double(dim);
   o.param_bytes = f32 * double(vocab) * double(dim);
   return o;
 }
 op attention(std::string name, std::size_t batch, std::size_t hidden, std::size_t seq) {
-  op o;
-  o.name = std::move(name);
-  o.kind = op_kind::attention;
-  o.batch = batch;
-  o.in_channels = hidden;
-  o.out_channels = hidden;
-  o.spatial = seq;
+  op o = shaped(std::move(name), op_kind::attention, batch, hidden, hidden, seq);
   const double n = double(batch), d = double(hidden), s = double(seq);
   o.forward_flops = 2.0 * n * s * 4.0 * d * d + 4.0 * n * s * s * d;
   o.param_bytes = f32 * 4.0 * d * d;
@@ -146,13 +136,7 @@ op attention(std::string name, std::size_t batch, std::size_t hidden, std::size_
 }
 op elementwise(std::string name, std::size_t batch, std::size_t channels, std::size_t spatial,
                double flops_per_element) {
-  op o;
-  o.name = std::move(name);
-  o.kind = op_kind::elementwise;
-  o.batch = batch;
-  o.in_channels = channels;
-  o.out_channels = channels;
-  o.spatial = spatial;
+  op o = shaped(std::move(name), op_kind::elementwise, batch, channels, channels, spatial);
   o.forward_flops = flops_per_element * double(batch) * double(channels) * double(spatial);
   return o;
 }
