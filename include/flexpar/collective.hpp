@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include <flexpar/collective/algorithm.hpp>
+#include <flexpar/collective/allgather_pairwise_placed.hpp>
 #include <flexpar/collective/allgather_recursive_doubling.hpp>
 #include <flexpar/collective/allgather_ring.hpp>
 #include <flexpar/collective/allreduce_halving_doubling.hpp>
@@ -96,16 +98,21 @@ void allreduce_in_place(communicator& comm, std::span<T> data, reduce_op op, alg
   if (op == reduce_op::avg) scale_for_average(data, comm.size());
 }
 
+/// Returns my reduced block: at its place in `data`, or at the front (result_at::front).
 template <element T>
-void reduce_scatter_in_place(communicator& comm, std::span<T> data, const block_layout& layout, reduce_op op,
-                             algorithm a, std::string_view name) {
+std::span<T> reduce_scatter_in_place(communicator& comm, std::span<T> data, const block_layout& layout, reduce_op op,
+                                     algorithm a, std::string_view name, result_at where = result_at::my_block) {
   require(data.size() == layout.total, comm, name,
           "the buffer holds " + std::to_string(data.size()) + " elements but the counts add up to " +
               std::to_string(layout.total));
+  // the ring is the only algorithm (automatic picks it), so every choice honours `where`
   if (a != algorithm::automatic && a != algorithm::ring) unsupported(comm, name, a, "automatic, ring");
   call c = begin_call(comm);
-  ring_reduce_scatter(c, data, layout, op);
-  if (op == reduce_op::avg) scale_for_average(layout.of(data, comm.rank()), comm.size());
+  ring_reduce_scatter(c, data, layout, op, where);
+  const std::span<T> mine =
+      where == result_at::front ? data.first(layout.count(comm.rank())) : layout.of(data, comm.rank());
+  if (op == reduce_op::avg) scale_for_average(mine, comm.size());
+  return mine;
 }
 
 template <element T>
@@ -222,8 +229,20 @@ template <element T>
 std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<const std::size_t> counts, reduce_op op,
                               algorithm a = algorithm::automatic) {
   const block_layout layout = detail::checked_layout(comm, "reduce_scatter_v", counts);
-  detail::reduce_scatter_in_place(comm, data, layout, op, a, "reduce_scatter_v");
-  return layout.of(data, comm.rank());
+  return detail::reduce_scatter_in_place(comm, data, layout, op, a, "reduce_scatter_v");
+}
+
+/// In place, uneven, with the result where the caller wants it: result_at::front leaves block `rank`,
+/// reduced over every rank, in data[0, counts[rank]) — the ring's last step writes its reduction
+/// there instead of at the block's own place, so a caller that keeps only its block (P -> S boxing)
+/// cuts the buffer down to it without moving counts[rank] elements. Returns that span. Every element
+/// past it holds partial results. Same cost as the other in-place form; result_at::my_block is it.
+/// Algorithms: automatic, ring (the only one).
+template <element T>
+std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<const std::size_t> counts, reduce_op op,
+                              result_at where, algorithm a = algorithm::automatic) {
+  const block_layout layout = detail::checked_layout(comm, "reduce_scatter_v", counts);
+  return detail::reduce_scatter_in_place(comm, data, layout, op, a, "reduce_scatter_v", where);
 }
 
 // ---- allgather ---------------------------------------------------------------------------------
@@ -271,6 +290,28 @@ template <element T>
 void allgather_v(communicator& comm, std::span<T> data, std::span<const std::size_t> counts,
                  algorithm a = algorithm::automatic) {
   detail::allgather_in_place(comm, data, detail::checked_layout(comm, "allgather_v", counts), a, "allgather_v");
+}
+
+/// Uneven, with the blocks placed by the caller: rank i contributes counts[i] elements
+/// (in.size() == counts[rank]), and instead of landing in one buffer, every block, mine included, is
+/// handed to `place(block, offset, piece)` in pieces: elements [offset, offset + piece.size()) of
+/// rank `block`'s contribution, each exactly once, in no promised order. For a destination in which
+/// a block is not contiguous (rows of a tensor split on an inner axis): the pieces come through
+/// s.slots cache-sized buffers of s.chunk_bytes, so each is placed while it is in cache and the
+/// next ones are in flight (collective/allgather_pairwise_placed.hpp). `s` must be the same on every
+/// rank. Algorithm: pairwise, sent straight from `in` (cost allgather_pairwise_placed_cost).
+/// @pre `place` must not call into `comm`; the spans it is given are valid only during the call.
+template <element T, class Place>
+requires std::invocable<Place&, int, std::size_t, std::span<const T>>
+void allgather_v_placed(communicator& comm, std::span<const std::type_identity_t<T>> in,
+                        std::span<const std::size_t> counts, Place&& place, staging s = {}) {
+  const block_layout layout = detail::checked_layout(comm, "allgather_v_placed", counts);
+  detail::require(in.size() == layout.count(comm.rank()), comm, "allgather_v_placed",
+                  "input of " + std::to_string(in.size()) + " elements; counts[rank] is " +
+                      std::to_string(layout.count(comm.rank())));
+  detail::require(s.chunk_bytes > 0, comm, "allgather_v_placed", "staging::chunk_bytes is 0; it must be positive");
+  detail::call c = detail::begin_call(comm);
+  detail::pairwise_allgather_placed(c, std::span<const T>(in), layout, s, place);
 }
 
 // ---- broadcast, reduce -------------------------------------------------------------------------

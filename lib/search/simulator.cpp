@@ -258,7 +258,7 @@ struct simulator::impl {
 
   /// Seconds of the SBP route from -> to on one placement (each step priced on its axis's link).
   double route_seconds(const shape_t& shape, const nd_parallel& from, const nd_parallel& to, const placed& p) const {
-    const sbp::route r = sbp::plan(from, to);
+    const sbp::route r = sbp::plan(from, to, sbp::extents_of(p.mesh));
     double t = 0;
     const std::vector<int> origin(p.mesh.size(), 0);
     for (std::size_t k = 0; k < r.count; ++k) {

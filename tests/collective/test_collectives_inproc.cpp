@@ -2,6 +2,7 @@
 // 1-8 (support/world_sizes.hpp), counts {0, 1, 7, one chunk + 1, 1 MiB + 3}, in place and out of place.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <thread>
@@ -122,6 +123,47 @@ TEST_P(inproc_collectives, reduce_scatter_and_v_match_the_oracle) {
   });
 }
 
+// result_at::front: my reduced block lands at the start of the buffer. Layouts: uneven with zero
+// counts; even; even with blocks of 4 chunks and more (every rank but 0 lands the peer's partials
+// straight in the front); a first block of one element (the front overlaps my block 1 element before
+// it: the short-gap move); a first block of 1500 elements (a longer gap, reduced forward in pieces).
+TEST_P(inproc_collectives, reduce_scatter_v_with_the_result_at_the_front_matches_the_oracle) {
+  const int p = GetParam();
+  for_each_dtype([&](auto zero) {
+    using T = decltype(zero);
+    const auto cases = sweep_cases<T>(false);
+    run_in_process(
+        p,
+        [&](communicator& comm) {
+          const auto me = static_cast<std::size_t>(comm.rank());
+          for (const auto& c : cases) {
+            if (!c.in_place) continue;
+            std::vector<std::vector<std::size_t>> layouts{
+                uneven_counts(p, c.count), std::vector<std::size_t>(static_cast<std::size_t>(p), c.count)};
+            if (c.count > 7 && c.op == reduce_op::sum)  // blocks of 4 chunks and more: partials land in the front
+              layouts.emplace_back(static_cast<std::size_t>(p), 4 * c.count + 3);
+            for (std::size_t first : {std::size_t{1}, std::size_t{1500}}) {
+              std::vector<std::size_t> counts{first};
+              for (int r = 1; r < p; ++r) counts.push_back(2 * c.count + static_cast<std::size_t>(r));
+              layouts.push_back(counts);
+            }
+            for (const auto& counts : layouts) {
+              const block_layout layout = block_layout::of_counts(counts);
+              std::vector<T> input = make_input<T>(c.op, comm.rank(), layout.total);
+              const std::span<T> mine = reduce_scatter_v(comm, std::span(input), counts, c.op, result_at::front);
+              EXPECT_EQ(mine.data(), input.data());
+              EXPECT_EQ(mine.size(), counts[me]);
+              EXPECT_TRUE(same_elements(std::vector<T>(mine.begin(), mine.end()),
+                                        expected_reduction<T>(c.op, p, counts[me], layout.displs[me]),
+                                        describe<T>(c, comm, "reduce_scatter_v(result_at::front)") + " first block " +
+                                            std::to_string(counts[0])));
+            }
+          }
+        },
+        test_config());
+  });
+}
+
 TEST_P(inproc_collectives, allgather_and_v_match_the_oracle) {
   const int p = GetParam();
   for_each_dtype([&](auto zero) {
@@ -167,6 +209,63 @@ TEST_P(inproc_collectives, allgather_and_v_match_the_oracle) {
         },
         test_config());
   });
+}
+
+// allgather_v_placed: every element of every block, mine included, is handed to `place` exactly
+// once with its block and offset; here placed in reverse order of the concatenated blocks. Chunks of
+// 1 and 3 elements (2 and 3 slots) and the default staging; counts uneven with zeros, and even.
+TEST_P(inproc_collectives, allgather_v_placed_places_every_element_once) {
+  const int p = GetParam();
+  auto check = [&](auto zero) {
+    using T = decltype(zero);
+    run_in_process(
+        p,
+        [&](communicator& comm) {
+          const auto me = static_cast<std::size_t>(comm.rank());
+          for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1003}})
+            for (bool uneven : {false, true})
+              for (const staging stage : {staging{1, 2}, staging{3 * sizeof(T), 3}, staging{}}) {
+                const std::vector<std::size_t> counts =
+                    uneven ? uneven_counts(p, count) : std::vector<std::size_t>(static_cast<std::size_t>(p), count);
+                const block_layout layout = block_layout::of_counts(counts);
+                std::vector<T> want(layout.total);
+                for (int q = 0; q < p; ++q) {
+                  const auto uq = static_cast<std::size_t>(q);
+                  const auto block = make_input<T>(reduce_op::sum, q, counts[uq], layout.displs[uq]);
+                  for (std::size_t i = 0; i < block.size(); ++i)
+                    want[layout.total - 1 - (layout.displs[uq] + i)] = block[i];
+                }
+                const std::vector<T> mine = make_input<T>(reduce_op::sum, comm.rank(), counts[me], layout.displs[me]);
+                std::vector<T> out(layout.total, from_int<T>(99));
+                std::vector<int> hits(layout.total, 0);
+                bool in_bounds = true;
+                allgather_v_placed<T>(
+                    comm, std::span(mine), counts,
+                    [&](int block, std::size_t offset, std::span<const T> piece) {
+                      const auto b = static_cast<std::size_t>(block);
+                      if (block < 0 || block >= p || offset + piece.size() > counts[b]) {
+                        in_bounds = false;
+                        return;
+                      }
+                      for (std::size_t i = 0; i < piece.size(); ++i) {
+                        const std::size_t at = layout.total - 1 - (layout.displs[b] + offset + i);
+                        out[at] = piece[i];
+                        ++hits[at];
+                      }
+                    },
+                    stage);
+                const std::string what = describe<T>({reduce_op::sum, count, false}, comm, "allgather_v_placed") +
+                                         (uneven ? " uneven" : " even") + " chunk " +
+                                         std::to_string(stage.chunk_bytes) + " B";
+                EXPECT_TRUE(in_bounds) << what;
+                EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; })) << what;
+                EXPECT_TRUE(same_elements(out, want, what));
+              }
+        },
+        test_config());
+  };
+  check(std::int32_t{});
+  check(double{});
 }
 
 // ---- broadcast, reduce ---------------------------------------------------------------------------

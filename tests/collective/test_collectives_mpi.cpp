@@ -2,6 +2,8 @@
 // the dtypes MPI has; f16/bf16 against the serial oracle.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <flexpar/collective.hpp>
 
 #include "oracle.hpp"
@@ -116,6 +118,24 @@ TEST(mpi_collectives, reduce_scatter_v_allgather_v_broadcast_reduce_alltoall_mat
     ASSERT_EQ(MPI_Reduce_scatter(input.data(), want.data(), mpi_counts.data(), MPI_INT32_T, MPI_SUM, comm.mpi_comm()),
               MPI_SUCCESS);
     EXPECT_TRUE(same_elements(mine, want, "reduce_scatter_v " + what));
+    // ... and in place with the result at the front of the buffer, for these counts and for counts in
+    // which every rank past 0 has a block to move (count + rank + 1)
+    std::vector<std::size_t> every(counts.size());
+    for (std::size_t r = 0; r < every.size(); ++r) every[r] = count + r + 1;
+    for (const std::vector<std::size_t>& front_counts : {counts, every}) {
+      const block_layout front_layout = block_layout::of_counts(front_counts);
+      std::vector<int> front_mpi_counts(front_counts.begin(), front_counts.end());
+      std::vector<std::int32_t> work = make_input<std::int32_t>(reduce_op::sum, comm.rank(), front_layout.total);
+      std::vector<std::int32_t> front_want(front_counts[me]);
+      ASSERT_EQ(MPI_Reduce_scatter(work.data(), front_want.data(), front_mpi_counts.data(), MPI_INT32_T, MPI_SUM,
+                                   comm.mpi_comm()),
+                MPI_SUCCESS);
+      const std::span<std::int32_t> front =
+          reduce_scatter_v(comm, std::span(work), front_counts, reduce_op::sum, result_at::front);
+      EXPECT_EQ(front.data(), work.data());
+      EXPECT_TRUE(same_elements(std::vector<std::int32_t>(front.begin(), front.end()), front_want,
+                                "reduce_scatter_v(result_at::front) " + what));
+    }
 
     // allgather_v (both algorithms) vs MPI_Allgatherv
     std::vector<std::int32_t> gathered_mpi(layout.total);
@@ -126,6 +146,20 @@ TEST(mpi_collectives, reduce_scatter_v_allgather_v_broadcast_reduce_alltoall_mat
       std::vector<std::int32_t> gathered(layout.total, 99);
       allgather_v(comm, std::span(want), std::span(gathered), counts, a);
       EXPECT_TRUE(same_elements(gathered, gathered_mpi, "allgather_v " + std::string(name_of(a)) + " " + what));
+    }
+    // allgather_v_placed (each piece placed at its block's offset) vs MPI_Allgatherv, multi-chunk
+    for (const staging stage : {staging{12, 2}, staging{}}) {
+      std::vector<std::int32_t> placed(layout.total, 99);
+      allgather_v_placed<std::int32_t>(
+          comm, std::span(want), counts,
+          [&](int block, std::size_t offset, std::span<const std::int32_t> piece) {
+            std::copy(
+                piece.begin(), piece.end(),
+                placed.begin() + static_cast<std::ptrdiff_t>(layout.displs[static_cast<std::size_t>(block)] + offset));
+          },
+          stage);
+      EXPECT_TRUE(same_elements(placed, gathered_mpi,
+                                "allgather_v_placed chunk " + std::to_string(stage.chunk_bytes) + " B " + what));
     }
 
     // broadcast and reduce from the last rank vs MPI_Bcast / MPI_Reduce

@@ -75,6 +75,43 @@ TEST_P(boxing_1d, every_pair_gives_back_the_logical_tensor) {
       flexpar::testing_support::with_timeout());
 }
 
+// The packed layouts (S(i) -> B with i inner, S(i) -> S(j)) stream through staging slots. Small chunks
+// (1, 3 and 5 elements, 2 or 3 slots) take the multi-chunk paths on small tensors, with row counts
+// that are not multiples of the chunk: box_axis is called with its axis_view's staging set.
+template <class From, class To>
+void check_staged(const placement<1>& mesh, const shape_t& shape, const staging& stage, int salt) {
+  using T = std::int32_t;
+  const std::vector<T> full = logical<T>(shape, salt);
+  auto t = global_tensor<T, From>::from_full(mesh, shape, full);
+  axis_view<T> v{mesh.axis(0), shape, std::move(t).release(), mesh.pool(), stage};
+  box_axis(v, From{}, To{});
+  auto boxed = global_tensor<T, To>::adopt(mesh, shape, std::move(v.local));
+  EXPECT_EQ(boxed.to_full(), full) << to_string<From>() << " -> " << to_string<To>() << " " << to_string(shape)
+                                   << " chunk " << stage.chunk_bytes << " B, " << stage.slots << " slots, rank "
+                                   << mesh.parent().rank();
+}
+
+TEST_P(boxing_1d, packed_layouts_stream_across_chunk_boundaries) {
+  run_in_process(
+      GetParam(),
+      [](communicator& comm) {
+        placement<1> mesh(comm, {comm.size()});
+        int salt = 0;
+        for (const shape_t& shape : {shape_t{7, 13, 5}, shape_t{11, 6, 3}, shape_t{2, 9, 1}, shape_t{0, 3, 2}})
+          for (const staging stage : {staging{4, 2}, staging{12, 3}, staging{20, 2}, staging{}}) {
+            check_staged<split<1>, broadcast>(mesh, shape, stage, ++salt);
+            check_staged<split<2>, broadcast>(mesh, shape, stage, ++salt);
+            check_staged<split<0>, split<1>>(mesh, shape, stage, ++salt);
+            check_staged<split<1>, split<0>>(mesh, shape, stage, ++salt);
+            check_staged<split<1>, split<2>>(mesh, shape, stage, ++salt);
+            check_staged<split<2>, split<1>>(mesh, shape, stage, ++salt);
+            check_staged<split<0>, split<2>>(mesh, shape, stage, ++salt);
+            check_staged<split<2>, split<0>>(mesh, shape, stage, ++salt);
+          }
+      },
+      flexpar::testing_support::with_timeout());
+}
+
 INSTANTIATE_TEST_SUITE_P(worlds, boxing_1d, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return std::string("p").append(std::to_string(info.param)); });
 

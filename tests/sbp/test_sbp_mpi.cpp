@@ -24,6 +24,18 @@ TEST(sbp_mpi, every_1d_boxing_pair_gives_back_the_logical_tensor) {
                   [&]<class From, class To>(From, To) { check_pair<float, From, To>(mesh, shape, ++salt); });
 }
 
+// Big enough that S(1) -> B streams several chunks of its default size and that the reduce-scatter of
+// P -> S lands its last step in the front (blocks of 4 chunks and more on 2 and 3 ranks), in MPI's
+// rendezvous range.
+TEST(sbp_mpi, one_axis_boxings_of_a_tensor_of_several_chunks) {
+  communicator comm = communicator::from_mpi(MPI_COMM_WORLD);
+  placement<1> mesh(comm, {comm.size()});
+  int salt = 0;
+  for_each_pair(list<split<0>, split<1>, broadcast, partial_sum>{}, [&]<class From, class To>(From, To) {
+    check_pair<float, From, To>(mesh, {1201, 997}, ++salt);
+  });
+}
+
 TEST(sbp_mpi, nd_routes_on_a_mesh) {
   communicator comm = make_comm();
   if (comm.size() != 4) GTEST_SKIP() << "needs 4 ranks for a 2 x 2 mesh";

@@ -68,6 +68,12 @@ struct block_layout {
   }
 };
 
+/// Where an in-place reduce-scatter leaves my reduced block in the buffer.
+enum class result_at : std::uint8_t {
+  my_block,  ///< at its own place: counts[0] + .. + counts[rank-1] (MPI's in-place layout)
+  front,     ///< at the start of the buffer, data[0, counts[rank]): the buffer can be cut down to it
+};
+
 namespace detail {
 
 struct collective_context {

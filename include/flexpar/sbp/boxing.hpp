@@ -7,10 +7,11 @@
 //   | B         | free                  | slice my rows (local)         | keep at coord 0, zeros   |
 //   |           |                       |                               | elsewhere (sum); keep    |
 //   |           |                       |                               | everywhere (max, min)    |
-//   | S(i)      | allgather_v (+unpack) | i == j: free; else            | pad with the op's        |
-//   |           |                       | pairwise alltoall, packing    | identity (local)         |
-//   |           |                       | folded into its steps         |                          |
-//   | P(op)     | allreduce(op)         | pack -> reduce_scatter_v(op)  | same op: free; else via B|
+//   | S(i)      | allgather_v (inner i: | i == j: free; else            | pad with the op's        |
+//   |           | placed, unpacked      | pairwise alltoall, packing    | identity (local)         |
+//   |           | through cache slots)  | folded into its steps         |                          |
+//   | P(op)     | allreduce(op)         | pack -> reduce_scatter_v(op,  | same op: free; else via B|
+//   |           |                       | result at the front)          |                          |
 //
 // Costs (ring collectives, n = bytes the mesh-axis group holds jointly, p = its ranks):
 //   allreduce 2(p-1)/p n, reduce_scatter and allgather (p-1)/p n, alltoall (p-1)/p n / p; the local
@@ -18,9 +19,12 @@
 //
 // nd-SBP: one mesh axis at a time, through that axis's sub-communicator (placement::axis(d)).
 // Changing axis d is sound when no mesh axis after d splits a tensor axis that d's old or new SBP
-// splits (those inner pieces would not be contiguous in d's group); the planner tries every order of
-// the axes that differ and, when none is sound, goes through B: inner axes to B first, then outer
-// axes to their targets. For static SBPs the route is a constexpr value computed at compile time.
+// splits (those inner pieces would not be contiguous in d's group). The candidate routes are every
+// sound order of the axes that differ and the route through B (inner axes to B first, then outer axes
+// to their targets); plan() takes the one that moves the fewest wire bytes on the mesh's extents. For
+// static SBPs every candidate is a compile-time route: to<To>(t) instantiates them and runs the one
+// plan() takes on the tensor's mesh; on a static_mesh<E...> that choice is a compile-time value too
+// (route_on).
 // X -> X is free: to<X>(t) returns t itself (no allocation, no copy).
 #pragma once
 
@@ -54,6 +58,9 @@ struct axis_view {
   shape_t group_shape;   ///< the tensor the group holds jointly (other axes' splits applied)
   std::vector<T> local;  ///< my shard under the current SBP of this axis
   buffer_pool& pool;     ///< where temporaries and results come from and go back to
+  /// How S(i) -> B with i an inner axis streams through cache-sized slots; the same on every rank of
+  /// the group. Tests pass small chunks to reach the multi-chunk paths on small tensors.
+  staging stage{};
 };
 
 namespace detail {
@@ -90,14 +97,18 @@ std::vector<std::size_t> pack_rows(std::span<const T> data, const around& v, con
   return counts;
 }
 
-/// The inverse of pack_rows (one strided pass, straight from the buffer the collective received in).
+/// Unpacks a piece of a row block: `piece` holds elements [from, from + piece.size()) of rows `rows`
+/// of `data` (viewed as [outer, rows, inner]) in the block's own row-major order. Copied as runs that
+/// are contiguous in both, at most rows.count * inner elements each (one outer index).
 template <class T>
-void unpack_rows(std::span<const T> packed, const around& v, const std::vector<part>& parts, std::span<T> out) {
-  std::size_t at = 0;
-  for (const part& pt : parts) {
-    const shape_t extent{v.outer, pt.count, v.inner};
-    copy_box<T>(packed.subspan(at), extent, {0, 0, 0}, out, {v.outer, v.rows, v.inner}, {0, pt.offset, 0}, extent);
-    at += elements_of(extent);
+void unpack_piece(std::span<const T> piece, const around& v, const part& rows, std::size_t from, std::span<T> data) {
+  const std::size_t run = rows.count * v.inner;
+  for (std::size_t done = 0; done < piece.size();) {
+    const std::size_t at = from + done, outer = at / run, within = at % run;
+    const std::size_t m = std::min(piece.size() - done, run - within);
+    std::copy_n(piece.begin() + static_cast<std::ptrdiff_t>(done), m,
+                data.begin() + static_cast<std::ptrdiff_t>(outer * v.rows * v.inner + rows.offset * v.inner + within));
+    done += m;
   }
 }
 
@@ -122,9 +133,11 @@ void box_axis(axis_view<T>& v, partial<Op>, broadcast) {
   allreduce(v.comm, std::span<T>(v.local), Op);
 }
 
-/// P(op) -> S(i): reduce_scatter_v(op) in place, then keep my block in the same buffer. When axis i
-/// is not the outermost, the rows of each destination are first packed into one contiguous block
-/// (one pass into a pooled buffer, which the reduce-scatter then works in).
+/// P(op) -> S(i): reduce_scatter_v(op) in place with the result at the front of the buffer (the ring's
+/// last reduction writes my block there), then the buffer is cut down to my block: nothing moves
+/// beyond the bare reduce-scatter. When axis i is not the outermost, the rows of each destination are
+/// first packed into one contiguous block (one pass into a pooled buffer, which the reduce-scatter
+/// then works in).
 template <element T, reduce_op Op, int I>
 void box_axis(axis_view<T>& v, partial<Op>, split<I>) {
   const detail::around a(v.group_shape, I);
@@ -138,12 +151,15 @@ void box_axis(axis_view<T>& v, partial<Op>, split<I>) {
     v.pool.give_back(std::move(v.local));
     v.local = std::move(packed);
   }
-  const std::span<T> mine = reduce_scatter_v(v.comm, std::span<T>(v.local), std::span<const std::size_t>(counts), Op);
-  detail::keep_range(v.local, static_cast<std::size_t>(mine.data() - v.local.data()), mine.size());
+  const std::span<T> mine =
+      reduce_scatter_v(v.comm, std::span<T>(v.local), std::span<const std::size_t>(counts), Op, result_at::front);
+  v.local.resize(mine.size());  // my block is the front: shrinking keeps the buffer
 }
 
-/// S(i) -> B: allgather_v of every shard into a pooled buffer; when axis i is not the outermost,
-/// unpack the rows from it into the result (one strided pass the bare collective does not make).
+/// S(i) -> B: allgather_v of every shard into a pooled buffer, the result. When axis i is not the
+/// outermost, a shard's rows are strided in the result: the placed ring allgather streams each
+/// chunk through a cache-sized slot and unpacks it into the result at once (v.stage), instead of
+/// gathering into a full-size staging buffer and unpacking all n bytes after.
 template <element T, int I>
 void box_axis(axis_view<T>& v, split<I>, broadcast) {
   const detail::around a(v.group_shape, I);
@@ -151,15 +167,19 @@ void box_axis(axis_view<T>& v, split<I>, broadcast) {
   std::vector<std::size_t> counts(parts.size());
   for (std::size_t j = 0; j < parts.size(); ++j) counts[j] = a.outer * parts[j].count * a.inner;
   std::vector<T> gathered = v.pool.template acquire<T>(elements_of(v.group_shape));
-  allgather_v(v.comm, std::span<const T>(v.local), std::span<T>(gathered), std::span<const std::size_t>(counts));
-  v.pool.give_back(std::move(v.local));
   if (a.outer == 1) {
-    v.local = std::move(gathered);
-    return;
+    allgather_v(v.comm, std::span<const T>(v.local), std::span<T>(gathered), std::span<const std::size_t>(counts));
+  } else {
+    const std::span<T> out(gathered);
+    allgather_v_placed<T>(
+        v.comm, std::span<const T>(v.local), std::span<const std::size_t>(counts),
+        [&](int block, std::size_t offset, std::span<const T> piece) {
+          detail::unpack_piece<T>(piece, a, parts[static_cast<std::size_t>(block)], offset, out);
+        },
+        v.stage);
   }
-  v.local = v.pool.template acquire<T>(gathered.size());
-  detail::unpack_rows<T>(gathered, a, parts, v.local);
-  v.pool.give_back(std::move(gathered));
+  v.pool.give_back(std::move(v.local));
+  v.local = std::move(gathered);
 }
 
 /// S(i) -> S(j), i != j: a pairwise alltoall (the script of flexpar's alltoall_v, with the packing
@@ -294,9 +314,23 @@ struct route {
   std::array<route_step, max_steps> steps{};                   ///< [0, count) are used
   std::array<nd_parallel, max_steps> before{};                 ///< the nd-SBP before each step
   std::size_t count = 0;                                       ///< steps
-  bool through_broadcast = false;                              ///< no axis-by-axis order was sound
+  bool through_broadcast = false;                              ///< the route through B (candidates())
   double nominal_cost = 0;                                     ///< the planner's score (see plan())
 };
+
+/// Mesh extents as the route planner reads them: one per mesh axis (entries past the mesh rank unused).
+using mesh_extents = std::array<int, max_mesh_rank>;
+
+/// The nominal mesh, 2 ranks on every axis: what route_of plans on when the extents are not known.
+inline constexpr mesh_extents nominal_mesh{2, 2, 2, 2};
+
+/// The extents of a run-time mesh shape (a placement's shape()), for plan().
+/// @pre mesh.size() <= max_mesh_rank
+constexpr mesh_extents extents_of(std::span<const int> mesh) noexcept {
+  mesh_extents m = nominal_mesh;
+  for (std::size_t d = 0; d < mesh.size() && d < max_mesh_rank; ++d) m[d] = mesh[d];
+  return m;
+}
 
 namespace detail {
 
@@ -310,18 +344,22 @@ constexpr bool step_sound(const nd_parallel& cur, std::size_t d, const parallel&
   return true;
 }
 
-/// Wire bytes of one step as a fraction of the logical tensor, on a nominal mesh of 2 per axis.
-constexpr double nominal_step_cost(const nd_parallel& cur, std::size_t d, const parallel& to) noexcept {
-  double held = 1.0;  // what d's group holds jointly
-  for (std::size_t e = 0; e < cur.rank; ++e)
-    if (e != d && cur[e].is_split()) held /= 2;
+/// Wire bytes of one step as a fraction of the logical tensor, on a mesh of extents `m`: the group of
+/// axis d (p = m[d] ranks) holds 1 / (extents of the other split axes) of the tensor, and the ring
+/// collectives move 2 (p-1)/p (allreduce), (p-1)/p (reduce-scatter, allgather) or (p-1)/p^2
+/// (alltoall) of that; local steps move nothing.
+constexpr double step_cost(const nd_parallel& cur, std::size_t d, const parallel& to, const mesh_extents& m) noexcept {
   const parallel& from = cur[d];
   if (from == to) return 0;
-  if (from.is_partial() && to.is_broadcast()) return held;    // allreduce: 2 (p-1)/p
-  if (from.is_partial() && to.is_split()) return held / 2;    // reduce-scatter
-  if (from.is_split() && to.is_broadcast()) return held / 2;  // allgather
-  if (from.is_split() && to.is_split()) return held / 4;      // alltoall
-  return 0;                                                   // local
+  double held = 1.0;  // what d's group holds jointly
+  for (std::size_t e = 0; e < cur.rank; ++e)
+    if (e != d && cur[e].is_split()) held /= m[e];
+  const double p = m[d], moved = (p - 1) / p * held;
+  if (from.is_partial() && to.is_broadcast()) return 2 * moved;  // allreduce
+  if (from.is_partial() && to.is_split()) return moved;          // reduce-scatter
+  if (from.is_split() && to.is_broadcast()) return moved;        // allgather
+  if (from.is_split() && to.is_split()) return moved / p;        // alltoall
+  return 0;                                                      // local
 }
 
 /// Appends the step (d: cur[d] -> to) to r, as two steps through B for P(a) -> P(b).
@@ -332,36 +370,58 @@ constexpr bool append_step(route& r, nd_parallel& cur, std::size_t d, const para
     return append_step(r, cur, d, to);
   }
   if (!step_sound(cur, d, to) || r.count == route::max_steps) return false;
-  r.nominal_cost += nominal_step_cost(cur, d, to);
+  r.nominal_cost += step_cost(cur, d, to, nominal_mesh);
   r.before[r.count] = cur;
   r.steps[r.count++] = {d, cur[d], to};
   cur[d] = to;
   return true;
 }
 
+/// The same steps in the same order.
+constexpr bool same_steps(const route& a, const route& b) noexcept {
+  if (a.count != b.count) return false;
+  for (std::size_t k = 0; k < a.count; ++k)
+    if (a.steps[k].axis != b.steps[k].axis || !(a.steps[k].from == b.steps[k].from) ||
+        !(a.steps[k].to == b.steps[k].to))
+      return false;
+  return true;
+}
+
 }  // namespace detail
 
-/// The route from `from` to `to` (same mesh rank): the cheapest sound order of the axes that differ
-/// by the nominal score (wire bytes on a 2-per-axis mesh), else through B.
-constexpr route plan(const nd_parallel& from, const nd_parallel& to) noexcept {
+/// The score of route `r` on a mesh of extents `m`: its wire bytes as a fraction of the logical tensor.
+constexpr double route_score(const route& r, const mesh_extents& m) noexcept {
+  double total = 0;
+  for (std::size_t k = 0; k < r.count; ++k) total += detail::step_cost(r.before[k], r.steps[k].axis, r.steps[k].to, m);
+  return total;
+}
+
+/// Every route the planner weighs for from -> to: each sound order of the mesh axes that differ (in
+/// lexicographic order of the axes), then the route through B. At most 4! + 1 for a 4-axis mesh.
+struct route_candidates {
+  static constexpr std::size_t max_count = 24 + 1;  ///< 4! orders + through B
+  std::array<route, max_count> routes{};            ///< [0, count) are used
+  std::size_t count = 0;                            ///< candidates
+};
+
+/// The candidates for from -> to (same mesh rank); see route_candidates.
+constexpr route_candidates candidates(const nd_parallel& from, const nd_parallel& to) noexcept {
+  route_candidates out{};
   std::array<std::size_t, max_mesh_rank> order{};
   std::size_t n = 0;
   for (std::size_t d = 0; d < from.rank; ++d)
     if (!(from[d] == to[d])) order[n++] = d;
-  route best{};
-  bool found = n == 0;
-  if (n > 0) {
-    do {  // every permutation of the differing axes (sorted to start)
-      route r{};
-      nd_parallel cur = from;
-      bool ok = true;
-      for (std::size_t k = 0; k < n && ok; ++k) ok = detail::append_step(r, cur, order[k], to[order[k]]);
-      if (ok && (!found || r.nominal_cost < best.nominal_cost)) {
-        best = r;
-        found = true;
-      }
-    } while (std::next_permutation(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n)));
+  if (n == 0) {
+    out.count = 1;  // the empty route
+    return out;
   }
+  do {  // every permutation of the differing axes (sorted to start)
+    route r{};
+    nd_parallel cur = from;
+    bool ok = true;
+    for (std::size_t k = 0; k < n && ok; ++k) ok = detail::append_step(r, cur, order[k], to[order[k]]);
+    if (ok) out.routes[out.count++] = r;
+  } while (std::next_permutation(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n)));
   // through B: inner axes to B first, then outer axes to their targets
   route via{};
   via.through_broadcast = true;
@@ -369,8 +429,25 @@ constexpr route plan(const nd_parallel& from, const nd_parallel& to) noexcept {
   bool ok = true;
   for (std::size_t d = from.rank; d-- > 0 && ok;) ok = detail::append_step(via, cur, d, parallel::B());
   for (std::size_t d = 0; d < from.rank && ok; ++d) ok = detail::append_step(via, cur, d, to[d]);
-  if (ok && (!found || via.nominal_cost < best.nominal_cost)) return via;
+  bool known = false;  // with one differing axis, through B can be a step list we already have
+  for (std::size_t i = 0; i < out.count && ok; ++i) known = known || detail::same_steps(out.routes[i], via);
+  if (ok && !known) out.routes[out.count++] = via;
+  return out;
+}
+
+/// Which of `c` the planner takes on a mesh of extents `m`: the lowest score, ties to the first.
+constexpr std::size_t cheapest(const route_candidates& c, const mesh_extents& m) noexcept {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < c.count; ++i)
+    if (route_score(c.routes[i], m) < route_score(c.routes[best], m)) best = i;
   return best;
+}
+
+/// The route from `from` to `to` (same mesh rank) on a mesh of extents `m` (the nominal 2-per-axis
+/// mesh by default): the cheapest of candidates(from, to) by route_score.
+constexpr route plan(const nd_parallel& from, const nd_parallel& to, const mesh_extents& m = nominal_mesh) noexcept {
+  const route_candidates c = candidates(from, to);
+  return c.routes[cheapest(c, m)];
 }
 
 namespace detail {
@@ -413,11 +490,32 @@ void run_axis(const placement<MeshRank>& where, const shape_t& shape, const nd_p
   local = std::move(v.local);
 }
 
+/// Runs the static route R on my shard, one box_axis overload per step.
+template <element T, std::size_t MeshRank, route R>
+void run_route(const placement<MeshRank>& where, const shape_t& shape, std::vector<T>& local) {
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    (run_axis<T, MeshRank, type_of<R.steps[K].from>, type_of<R.steps[K].to>>(where, shape, R.before[K], R.steps[K].axis,
+                                                                             local),
+     ...);
+  }
+  (std::make_index_sequence<R.count>{});
+}
+
 }  // namespace detail
 
-/// The static route of a boxing From -> To (a compile-time value).
+/// Every route a boxing From -> To may take (a compile-time value): to<To>(t) instantiates each and
+/// runs the one plan() takes on the tensor's mesh.
+template <sbp_type From, sbp_type To>
+inline constexpr route_candidates candidates_of = candidates(nd_of<From>::value, nd_of<To>::value);
+
+/// The static route of a boxing From -> To on the nominal 2-per-axis mesh (a compile-time value).
 template <sbp_type From, sbp_type To>
 inline constexpr route route_of = plan(nd_of<From>::value, nd_of<To>::value);
+
+/// The static route of a boxing From -> To on a mesh whose extents are in its type, e.g.
+/// route_on<From, To, static_mesh<2, 8>> (a compile-time value; what to<To>(t) runs on that mesh).
+template <sbp_type From, sbp_type To, class StaticMesh>
+inline constexpr route route_on = plan(nd_of<From>::value, nd_of<To>::value, extents_of(StaticMesh::extents));
 
 /// Same layout: boxing is free.
 template <sbp_type A, sbp_type B>
@@ -433,6 +531,12 @@ constexpr void check_mesh_rank() {
 }
 }  // namespace detail
 
+/// The route to<To>(t) runs for a tensor From on `where`: the candidate plan() takes on its extents.
+template <sbp_type From, sbp_type To, std::size_t MeshRank>
+const route& route_for(const placement<MeshRank>& where) noexcept {
+  return candidates_of<From, To>.routes[cheapest(candidates_of<From, To>, extents_of(where.shape()))];
+}
+
 /// Boxing, consuming `t`: its buffer is reused where the transform allows (P -> B allreduces in
 /// place). Collective over t's mesh (every mesh rank calls it; ranks outside pass their empty tensor).
 /// Returns a global_tensor<T, To, M>.
@@ -441,17 +545,18 @@ requires(!same_layout<From, To>) auto to(global_tensor<T, From, M>&& t) {
   if constexpr (nd_of<From>::mesh_rank != nd_of<To>::mesh_rank) {
     detail::check_mesh_rank<From, To>();
   } else {
-    constexpr route r = route_of<From, To>;
     const auto where = t.where();
     const shape_t shape = t.shape();
     std::vector<T> local = std::move(t).release();
     if (where.contains_me()) {
-      [&]<std::size_t... K>(std::index_sequence<K...>) {
-        (detail::run_axis<T, nd_of<From>::mesh_rank, detail::type_of<r.steps[K].from>, detail::type_of<r.steps[K].to>>(
-             where, shape, r.before[K], r.steps[K].axis, local),
+      const std::size_t chosen = cheapest(candidates_of<From, To>, extents_of(where.shape()));  // plan() here
+      [&]<std::size_t... C>(std::index_sequence<C...>) {
+        ((chosen == C
+              ? detail::run_route<T, nd_of<From>::mesh_rank, candidates_of<From, To>.routes[C]>(where, shape, local)
+              : void()),
          ...);
       }
-      (std::make_index_sequence<r.count>{});
+      (std::make_index_sequence<candidates_of<From, To>.count>{});
     }
     return global_tensor<T, To, M>::adopt(where, shape, std::move(local));
   }
@@ -619,7 +724,8 @@ inline cost route_cost(const route& r, const shape_t& shape, std::span<const int
 template <sbp_type From, sbp_type To, std::size_t MeshRank>
 cost boxing_cost(const shape_t& shape, const placement<MeshRank>& where, std::size_t element_bytes = 4) {
   detail::check_mesh_rank<From, To>();
-  return route_cost(route_of<From, To>, shape, where.shape(), element_bytes);
+  return route_cost(plan(nd_of<From>::value, nd_of<To>::value, extents_of(where.shape())), shape, where.shape(),
+                    element_bytes);
 }
 
 }  // namespace flexpar::sbp

@@ -2,7 +2,7 @@
 // with the SBP a value chosen while the program runs (by the strategy search, or a config file).
 //
 //   dynamic_tensor<float, 1> x = dynamic_tensor<float, 1>::from_full(mesh, {m, k}, nd_parallel{...}, data);
-//   auto y = to(std::move(x), target);               // plan() at run time, each step visits the overloads
+//   auto y = to(std::move(x), target);               // plan() on the mesh, each step visits the overloads
 //   auto z = matmul(a, b);                           // picks the signature with the cheapest boxing
 //   auto c = conv2d(x, w, pad);                      // the operands' own signature, else the cheapest
 //
@@ -56,11 +56,33 @@ decltype(auto) visit(const parallel& p, F&& f) {
                         .append(" is not an SBP flexpar boxes (partial ops: sum, max, min)"));
 }
 
-/// A global tensor whose nd-SBP is a run-time value (header above). Move-only.
+/// A global tensor whose nd-SBP is a run-time value (header above). Move-only; like global_tensor, it
+/// takes its shard buffers from its placement's buffer_pool and gives them back when it dies.
 template <element T, std::size_t MeshRank>
 class dynamic_tensor {
  public:
   using value_type = T;  ///< element type
+
+  /// Moves the shard; `other` is left empty (on the same placement).
+  dynamic_tensor(dynamic_tensor&& other) noexcept
+      : where_(other.where_), shape_(std::move(other.shape_)), sbp_(other.sbp_), local_(std::move(other.local_)) {
+    other.local_ = {};
+  }
+  /// Moves the shard; the buffer this tensor held goes back to its placement's pool.
+  dynamic_tensor& operator=(dynamic_tensor&& other) noexcept {
+    if (this == &other) return *this;
+    where_.pool().give_back(std::move(local_));
+    where_ = other.where_;
+    shape_ = std::move(other.shape_);
+    sbp_ = other.sbp_;
+    local_ = std::move(other.local_);
+    other.local_ = {};
+    return *this;
+  }
+  dynamic_tensor(const dynamic_tensor&) = delete;             ///< copies are explicit: clone()
+  dynamic_tensor& operator=(const dynamic_tensor&) = delete;  ///< copies are explicit: clone()
+  /// Returns the shard's buffer to the placement's pool (where the next boxing or tensor reuses it).
+  ~dynamic_tensor() { where_.pool().give_back(std::move(local_)); }
 
   /// Every mesh rank passes the full logical tensor and keeps its shard (as global_tensor::from_full).
   static dynamic_tensor from_full(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
@@ -72,7 +94,7 @@ class dynamic_tensor {
                         std::to_string(full.size()) + " were given");
     if (!where.contains_me()) return t;
     const box mine = t.my_box();
-    t.local_.resize(mine.elements());
+    t.local_ = where.pool().template acquire<T>(mine.elements());
     copy_box<T>(full, t.shape_, mine.offset, t.local_, mine.extent, shape_t(mine.extent.size(), 0), mine.extent);
     detail::zero_partial_copies<T>(t.local_, s, where.coords());
     return t;
@@ -120,11 +142,12 @@ class dynamic_tensor {
   /// An explicit deep copy.
   [[nodiscard]] dynamic_tensor clone() const {
     dynamic_tensor t(where_, shape_, sbp_);
-    t.local_ = local_;
+    t.local_ = where_.pool().template acquire<T>(local_.size());
+    std::copy(local_.begin(), local_.end(), t.local_.begin());
     return t;
   }
 
-  /// Boxing to a run-time target: plan() now, then one box_axis overload per step.
+  /// Boxing to a run-time target: plan() on this mesh's extents now, then one box_axis overload per step.
   friend dynamic_tensor to(dynamic_tensor&& t, const nd_parallel& target) {
     if (target.rank != MeshRank)
       throw usage_error(detail::on_rank(t.where_.parent().rank(), "sbp::to") + "target " + to_string(target) + " has " +
@@ -133,7 +156,7 @@ class dynamic_tensor {
     if (!detail::partial_ops_agree(target))
       throw usage_error(detail::on_rank(t.where_.parent().rank(), "sbp::to") + "target " + to_string(target) +
                         " mixes partial ops");
-    const route r = plan(t.sbp_, target);
+    const route r = plan(t.sbp_, target, extents_of(t.where_.shape()));
     if (t.where_.contains_me()) {
       for (std::size_t k = 0; k < r.count; ++k) {
         const route_step& s = r.steps[k];
@@ -197,8 +220,9 @@ chosen_signature cheapest_signature(Rule rule, const signature_row (&rows)[Rows]
       r[d] = rows[code % Rows].right;
     }
     if (!partial_ops_agree(l) || !partial_ops_agree(r)) continue;
-    const cost k = route_cost(plan(a, l), a_shape, mesh_shape, element_bytes) +
-                   route_cost(plan(b, r), b_shape, mesh_shape, element_bytes);
+    const mesh_extents m = extents_of(mesh_shape);
+    const cost k = route_cost(plan(a, l, m), a_shape, mesh_shape, element_bytes) +
+                   route_cost(plan(b, r, m), b_shape, mesh_shape, element_bytes);
     const double s = k.seconds(machine);
     if (!found || s < best.seconds) {
       best = {l, r, nd_signature(rule, l, r).out, k, s};
@@ -245,7 +269,7 @@ dynamic_tensor<T, N> matmul(const dynamic_tensor<T, N>& a, const dynamic_tensor<
   const shape_t out_shape{a.shape()[0], b.shape()[1]};
   if (!a.where().contains_me()) return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, {});
   const box bx = x.my_box(), by = y.my_box();
-  std::vector<T> c(bx.extent[0] * by.extent[1]);
+  std::vector<T> c = a.where().pool().template acquire<T>(bx.extent[0] * by.extent[1]);  // gemm writes every element
   local::gemm(bx.extent[0], by.extent[1], bx.extent[1], x.to_local().data(), y.to_local().data(), c.data());
   return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, std::move(c));
 }
