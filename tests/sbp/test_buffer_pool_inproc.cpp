@@ -47,6 +47,30 @@ TEST(buffer_pool, a_returned_buffer_is_handed_out_again) {
   EXPECT_EQ(c.size(), 1000u);
 }
 
+TEST(buffer_pool, a_request_takes_the_buffer_that_needs_the_least_filling) {
+  buffer_pool pool;
+  std::vector<float> cut(1024), whole(1024);  // same capacity; `cut` is cut down to half its size
+  cut.resize(512);
+  const float* cut_at = cut.data();
+  const float* whole_at = whole.data();
+  pool.give_back(std::move(cut));
+  pool.give_back(std::move(whole));  // the most recently returned
+  // half a buffer: `cut` already has that size, cutting `whole` down would waste 512 elements
+  std::vector<float> half = pool.acquire<float>(512);
+  EXPECT_EQ(half.data(), cut_at);
+  std::vector<float> full = pool.acquire<float>(1024);  // `whole` needs no filling
+  EXPECT_EQ(full.data(), whole_at);
+  EXPECT_EQ(pool.stats().filled, 0u);
+  // with only cut-down buffers left, the one cut the least is grown, and the fill is counted
+  half.resize(100);
+  full.resize(700);
+  pool.give_back(std::move(full));
+  pool.give_back(std::move(half));
+  std::vector<float> again = pool.acquire<float>(1024);
+  EXPECT_EQ(again.data(), whole_at);
+  EXPECT_EQ(pool.stats().filled, 1024u - 700u);
+}
+
 TEST(buffer_pool, a_buffer_far_too_large_is_not_used_for_a_small_request) {
   buffer_pool pool;
   pool.give_back(pool.acquire<double>(4096));
@@ -200,6 +224,39 @@ TEST(buffer_pool, boxing_in_a_steady_state_allocates_no_new_buffers) {
           }
           EXPECT_EQ(mesh.pool().stats().misses, misses_after_first) << "boxing allocated after the second round";
           EXPECT_LE(mesh.pool().cached_bytes(), mesh.pool().max_bytes());
+        },
+        flexpar::testing_support::with_timeout());
+  }
+}
+
+TEST(buffer_pool, boxing_in_a_loop_fills_nothing_after_the_first_rounds) {
+  // a training loop gathering and transposing shards of the same shapes: the shard and the result
+  // must keep buffers of their own sizes (swapping them would zero half a buffer per call). Not
+  // P -> S(i): its result keeps the front of a full buffer, which the next full-size request must
+  // grow again unless a spare full buffer is cached.
+  for (int p : {2, 3}) {
+    run_in_process(
+        p,
+        [](communicator& comm) {
+          placement<1> mesh(comm, {comm.size()});
+          const shape_t shape{12, 64};
+          const auto full = logical<float>(shape, 5);
+          std::size_t filled_after_warmup = 0;
+          for (int round = 0; round < 6; ++round) {
+            {
+              auto b = to<broadcast>(global_tensor<float, split<0>>::from_full(mesh, shape, full));
+              auto c = to<broadcast>(global_tensor<float, split<1>>::from_full(mesh, shape, full));
+              auto d = to<split<1>>(global_tensor<float, split<0>>::from_full(mesh, shape, full));
+              if (round == 5) {
+                EXPECT_EQ(b.to_full(), full);
+                EXPECT_EQ(c.to_full(), full);
+                EXPECT_EQ(d.to_full(), full);
+              }
+            }
+            if (round == 1) filled_after_warmup = mesh.pool().stats().filled;
+          }
+          EXPECT_EQ(mesh.pool().stats().filled, filled_after_warmup)
+              << "acquire() grew reused buffers in the steady state";
         },
         flexpar::testing_support::with_timeout());
   }

@@ -18,10 +18,6 @@
 // Every element is reduced by exactly one rank, so all ranks end with bitwise-identical results.
 #pragma once
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +25,7 @@
 
 #include <flexpar/collective/context.hpp>
 #include <flexpar/collective/reduce_kernel.hpp>
+#include <flexpar/core/streaming_copy.hpp>
 
 namespace flexpar {
 
@@ -88,29 +85,6 @@ inline shared_memory_segment* shared_memory_of(communicator& comm) {
                                             comm.default_deadline());
   }
   return ctx.shm.get();
-}
-
-/// memcpy that bypasses the cache for the bulk of `bytes` (x86-64: 16-byte non-temporal stores).
-inline void copy_streaming(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept {
-#if defined(__x86_64__)
-  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, head);
-  std::size_t i = head;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + i, src + i, bytes - i);
-  _mm_sfence();
-#else
-  std::memcpy(dst, src, bytes);
-#endif
 }
 
 /// Waits until counter_of(q) has reached `target` for every rank q but me.

@@ -41,6 +41,7 @@
 
 #include <flexpar/collective.hpp>
 #include <flexpar/collective/cost.hpp>
+#include <flexpar/core/streaming_copy.hpp>
 #include <flexpar/sbp/buffer_pool.hpp>
 #include <flexpar/sbp/global_tensor.hpp>
 #include <flexpar/sbp/layout.hpp>
@@ -99,17 +100,25 @@ std::vector<std::size_t> pack_rows(std::span<const T> data, const around& v, con
 
 /// Unpacks a piece of a row block: `piece` holds elements [from, from + piece.size()) of rows `rows`
 /// of `data` (viewed as [outer, rows, inner]) in the block's own row-major order. Copied as runs that
-/// are contiguous in both, at most rows.count * inner elements each (one outer index).
+/// are contiguous in both, at most rows.count * inner elements each (one outer index); into a `data`
+/// of streaming_min_bytes or more with streaming stores (core/streaming_copy.hpp: short runs never
+/// get them from memcpy, and read-for-ownership made the placing pass cost twice a memcpy).
 template <class T>
 void unpack_piece(std::span<const T> piece, const around& v, const part& rows, std::size_t from, std::span<T> data) {
   const std::size_t run = rows.count * v.inner;
+  const bool streaming = data.size_bytes() >= flexpar::detail::streaming_min_bytes;
   for (std::size_t done = 0; done < piece.size();) {
     const std::size_t at = from + done, outer = at / run, within = at % run;
     const std::size_t m = std::min(piece.size() - done, run - within);
-    std::copy_n(piece.begin() + static_cast<std::ptrdiff_t>(done), m,
-                data.begin() + static_cast<std::ptrdiff_t>(outer * v.rows * v.inner + rows.offset * v.inner + within));
+    T* to = data.data() + outer * v.rows * v.inner + rows.offset * v.inner + within;
+    if (streaming)
+      flexpar::detail::copy_streaming_unfenced(reinterpret_cast<std::byte*>(to),
+                                               reinterpret_cast<const std::byte*>(piece.data() + done), m * sizeof(T));
+    else
+      std::copy_n(piece.data() + done, m, to);
     done += m;
   }
+  if (streaming) flexpar::detail::store_fence();
 }
 
 /// Keeps elements [from, from + n) of `v` as all of `v`, in its own buffer (no new allocation).

@@ -8,6 +8,15 @@
 //
 //   - size classes by capacity (powers of two): acquire(n) takes a buffer of capacity >= n from the
 //     class of n or the next one up (at most 4x the bytes asked for), else allocates;
+//   - best fit by size, not only by capacity: a std::vector value-initializes (zeroes) every element
+//     it grows into, even within its capacity, so a buffer once cut down (a P -> S(i) result keeps
+//     the front of its buffer; a small request served from a large buffer) costs a fill pass when it
+//     is grown again. Among the buffers that fit, acquire(n) takes the one that needs the least
+//     filling (n - size), then the one whose size is closest above n (cutting it down wastes the
+//     fewest initialized elements, which a later large request would have to fill again), then the
+//     most recently returned (the warmest). Without this rule a loop boxing S(0) -> B swapped two
+//     64 MiB buffers between the shard and the result and zeroed 32 MiB per call, 25% of the call
+//     (doc/sbp.md, "Measured");
 //   - bounded: the pool holds at most max_bytes() of capacity; a buffer that does not fit is freed;
 //   - typed lists per element type behind one object (a placement holds one pool for every T);
 //   - thread-safe (one mutex): copies of a placement may be used from several threads.
@@ -43,6 +52,7 @@ class buffer_pool {
     std::size_t misses = 0;    ///< acquire() that allocated
     std::size_t returned = 0;  ///< buffers give_back() kept
     std::size_t dropped = 0;   ///< buffers give_back() freed (over the bound)
+    std::size_t filled = 0;    ///< elements acquire() value-initialized past a reused buffer's size
   };
 
   /// The default bound: 256 MiB of cached capacity.
@@ -60,6 +70,10 @@ class buffer_pool {
   template <class T>
   [[nodiscard]] std::vector<T> acquire(std::size_t n) {
     std::vector<T> v = take<T>(n);
+    if (v.capacity() != 0 && v.size() < n) {  // a reused buffer grows: std::vector fills the tail
+      std::lock_guard lock(mutex_);
+      stats_.filled += n - v.size();
+    }
     v.resize(n);  // shrinking is free for trivially destructible T; growing fills only the tail
     return v;
   }
@@ -135,7 +149,8 @@ class buffer_pool {
     return static_cast<typed_lists<T>&>(*lists_.back().second);
   }
 
-  /// A cached buffer of capacity >= n (class of n, or the next one), else a new empty one.
+  /// A cached buffer of capacity >= n (class of n, or the next one), else a new empty one. Of those
+  /// that fit: the least filling, then the least size cut off, then the most recently returned.
   template <class T>
   std::vector<T> take(std::size_t n) {
     if (n == 0) return {};
@@ -143,16 +158,26 @@ class buffer_pool {
       std::lock_guard lock(mutex_);
       auto& lists = lists_for<T>();
       const std::size_t k = class_of(n);
+      std::vector<T>* best = nullptr;
+      std::size_t best_class = 0, best_index = 0, best_fill = 0, best_cut = 0;
       for (std::size_t c = k; c < std::min(k + 2, classes); ++c) {
         auto& list = lists.by_class[c];
-        for (std::size_t i = list.size(); i-- > 0;) {  // most recently returned first: warmest
+        for (std::size_t i = list.size(); i-- > 0;) {  // most recently returned first: wins ties
           if (list[i].capacity() < n) continue;
-          std::vector<T> v = std::move(list[i]);
-          list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
-          cached_bytes_ -= v.capacity() * sizeof(T);
-          ++stats_.hits;
-          return v;
+          const std::size_t size = list[i].size();
+          const std::size_t fill = size < n ? n - size : 0, cut = size > n ? size - n : 0;
+          if (best && (fill > best_fill || (fill == best_fill && cut >= best_cut))) continue;
+          best = &list[i];
+          best_class = c, best_index = i, best_fill = fill, best_cut = cut;
         }
+      }
+      if (best) {
+        std::vector<T> v = std::move(*best);
+        auto& list = lists.by_class[best_class];
+        list.erase(list.begin() + static_cast<std::ptrdiff_t>(best_index));
+        cached_bytes_ -= v.capacity() * sizeof(T);
+        ++stats_.hits;
+        return v;
       }
       ++stats_.misses;
     }

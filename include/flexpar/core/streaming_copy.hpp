@@ -1,0 +1,68 @@
+// flexpar/core/streaming_copy.hpp — memcpy with non-temporal stores, for large destinations that
+// are written once and not read back soon.
+//
+// Why: a normal store to a line that is not in cache first reads the line (read for ownership), so
+// copying into memory moves 3 bytes per byte copied; a non-temporal store writes the full line
+// without reading it. glibc's memcpy switches to such stores only above its non_temporal_threshold
+// (here 240 MiB, 3/4 of the shared cache the VM reports), so a copy cut into many short runs (the
+// rows of a tensor split on an inner axis) never gets them. Measured on this machine (2 ranks, a
+// 32 MiB shard placed as 512-byte runs at a 1 KiB stride): 8.1 ms with memcpy per run, 4.7 ms with
+// streaming stores, 4.4 ms for one contiguous memcpy of the same bytes.
+//
+// The fence is the caller's: copy runs with copy_streaming_unfenced, then store_fence() once before
+// another thread or process may read the data (a fence per short run costs more than it saves).
+#pragma once
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace flexpar::detail {
+
+/// Destinations at least this large are written with streaming stores by the copies that choose
+/// (S(i) -> B placing): far beyond the 2 MiB L2 of a core here, so the data would leave the cache
+/// before it is read anyway. Measured: at 4 MiB and up, streaming placing is as fast or faster.
+inline constexpr std::size_t streaming_min_bytes = std::size_t{4} << 20;
+
+/// Copies `bytes` from `src` to `dst` (not overlapping), the bulk with non-temporal stores
+/// (x86-64: 16-byte stores; elsewhere memcpy). Not ordered with later stores: store_fence() first.
+inline void copy_streaming_unfenced(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept {
+#if defined(__x86_64__)
+  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  std::size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+/// Orders the streaming stores before every later store (x86-64: sfence; elsewhere nothing to do).
+inline void store_fence() noexcept {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+/// copy_streaming_unfenced, then the fence: the data is visible in order once this returns.
+inline void copy_streaming(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept {
+  copy_streaming_unfenced(dst, src, bytes);
+  store_fence();
+}
+
+}  // namespace flexpar::detail
