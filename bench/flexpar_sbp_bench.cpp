@@ -220,6 +220,11 @@ int main(int argc, char** argv) {
         std::printf("%-15s %9zu %10.1f %9.1f %10.1f %8.1f %7.2fx %7.2fx %8.2fx\n", r.boxing.c_str(), r.bytes,
                     r.boxed_us, r.bare_us, r.bare_alloc_us, r.pass_us, r.boxed_us / r.bare_us,
                     r.boxed_us / r.bare_alloc_us, r.boxed_us / (r.bare_us + r.pass_us));
+      // what the boxing tensors' pool did over the whole run (untimed preparation included): a
+      // reused buffer grown past its size is zeroed by std::vector, which `filled` counts
+      const buffer_pool::statistics pool = mesh.pool().stats();
+      std::printf("# pool (rank 0): %zu hits, %zu misses, %zu elements filled, %zu returned, %zu dropped\n", pool.hits,
+                  pool.misses, pool.filled, pool.returned, pool.dropped);
     }
   }
   MPI_Finalize();
