@@ -69,6 +69,10 @@ TEST(buffer_pool, a_request_takes_the_buffer_that_needs_the_least_filling) {
   std::vector<float> again = pool.acquire<float>(1024);
   EXPECT_EQ(again.data(), whole_at);
   EXPECT_EQ(pool.stats().filled, 1024u - 700u);
+  // a new buffer is not counted: only reused ones are grown into
+  std::vector<float> fresh = pool.acquire<float>(4096);
+  EXPECT_EQ(pool.stats().misses, 1u);
+  EXPECT_EQ(pool.stats().filled, 1024u - 700u);
 }
 
 TEST(buffer_pool, a_buffer_far_too_large_is_not_used_for_a_small_request) {

@@ -70,10 +70,6 @@ class buffer_pool {
   template <class T>
   [[nodiscard]] std::vector<T> acquire(std::size_t n) {
     std::vector<T> v = take<T>(n);
-    if (v.capacity() != 0 && v.size() < n) {  // a reused buffer grows: std::vector fills the tail
-      std::lock_guard lock(mutex_);
-      stats_.filled += n - v.size();
-    }
     v.resize(n);  // shrinking is free for trivially destructible T; growing fills only the tail
     return v;
   }
@@ -158,7 +154,7 @@ class buffer_pool {
       std::lock_guard lock(mutex_);
       auto& lists = lists_for<T>();
       const std::size_t k = class_of(n);
-      std::vector<T>* best = nullptr;
+      bool found = false;
       std::size_t best_class = 0, best_index = 0, best_fill = 0, best_cut = 0;
       for (std::size_t c = k; c < std::min(k + 2, classes); ++c) {
         auto& list = lists.by_class[c];
@@ -166,17 +162,18 @@ class buffer_pool {
           if (list[i].capacity() < n) continue;
           const std::size_t size = list[i].size();
           const std::size_t fill = size < n ? n - size : 0, cut = size > n ? size - n : 0;
-          if (best && (fill > best_fill || (fill == best_fill && cut >= best_cut))) continue;
-          best = &list[i];
+          if (found && (fill > best_fill || (fill == best_fill && cut >= best_cut))) continue;
+          found = true;
           best_class = c, best_index = i, best_fill = fill, best_cut = cut;
         }
       }
-      if (best) {
-        std::vector<T> v = std::move(*best);
+      if (found) {
         auto& list = lists.by_class[best_class];
+        std::vector<T> v = std::move(list[best_index]);
         list.erase(list.begin() + static_cast<std::ptrdiff_t>(best_index));
         cached_bytes_ -= v.capacity() * sizeof(T);
         ++stats_.hits;
+        stats_.filled += best_fill;  // acquire() grows the buffer into these: std::vector zeroes them
         return v;
       }
       ++stats_.misses;
