@@ -33,8 +33,12 @@ inline constexpr std::size_t streaming_min_bytes = std::size_t{4} << 20;
 /// (x86-64: 16-byte stores; elsewhere memcpy). Not ordered with later stores: store_fence() first.
 inline void copy_streaming_unfenced(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept {
 #if defined(__x86_64__)
-  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, head);
+  // Whole cache lines only: a partial line written with streaming stores reaches memory as a partial
+  // write-combining flush (the rest of that line is often written by another run of a placing pass),
+  // far slower than one cached store. So the head up to a 64-byte boundary and the tail go through
+  // the cache.
+  const std::size_t head = std::min(bytes, (64 - reinterpret_cast<std::uintptr_t>(dst) % 64) % 64);
+  if (head != 0) std::memcpy(dst, src, head);
   std::size_t i = head;
   for (; i + 64 <= bytes; i += 64) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
@@ -46,7 +50,7 @@ inline void copy_streaming_unfenced(std::byte* dst, const std::byte* src, std::s
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
   }
-  std::memcpy(dst + i, src + i, bytes - i);
+  if (i != bytes) std::memcpy(dst + i, src + i, bytes - i);
 #else
   std::memcpy(dst, src, bytes);
 #endif
