@@ -37,6 +37,7 @@
 #include <flexpar/collective/allreduce_hierarchical.hpp>
 #include <flexpar/collective/allreduce_ring.hpp>
 #include <flexpar/collective/allreduce_shared_memory.hpp>
+#include <flexpar/collective/exchange_shared_memory.hpp>
 #include <flexpar/collective/alltoall_pairwise.hpp>
 #include <flexpar/collective/automatic.hpp>
 #include <flexpar/collective/barrier_dissemination.hpp>
@@ -122,12 +123,36 @@ void allgather_in_place(communicator& comm, std::span<T> data, const block_layou
           "the buffer holds " + std::to_string(data.size()) + " elements but the counts add up to " +
               std::to_string(layout.total));
   if (a == algorithm::automatic) a = choose_allgather(comm, data.size_bytes());
+  if (a == algorithm::shared_memory) {
+    require_one_node_segment(comm, name);
+    if (comm.size() > 1) shared_memory_allgather(comm, data, layout);
+    return;
+  }
   call c = begin_call(comm);
   switch (a) {
     case algorithm::ring: ring_allgather(c, data, layout); break;
     case algorithm::recursive_doubling: recursive_doubling_allgather(c, data, layout); break;
-    default: unsupported(comm, name, a, "automatic, ring, recursive_doubling");
+    default: unsupported(comm, name, a, "automatic, ring, recursive_doubling, shared_memory");
   }
+}
+
+/// My block from `in`, the others into `out`: through shared memory my block goes to `out` from my
+/// round buffer (one read of `in`); otherwise it is copied first and the rest gathered in place.
+template <element T>
+void allgather_out_of_place(communicator& comm, std::span<const T> in, std::span<T> out, const block_layout& layout,
+                            algorithm a, std::string_view name) {
+  if (a == algorithm::automatic) a = choose_allgather(comm, out.size_bytes());
+  if (a == algorithm::shared_memory && comm.size() > 1) {
+    require_one_node_segment(comm, name);
+    shared_memory_allgather_placed<T>(comm, in, layout, staging{},
+                                      [&](int block, std::size_t offset, std::span<const T> piece) {
+                                        place_contiguous(layout.of(out, block).data() + offset, piece.data(),
+                                                         piece.size(), out.size_bytes());
+                                      });
+    return;
+  }
+  std::copy(in.begin(), in.end(), layout.of(out, comm.rank()).begin());
+  allgather_in_place(comm, out, layout, a, name);
 }
 
 template <element T>
@@ -248,7 +273,8 @@ std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<c
 // ---- allgather ---------------------------------------------------------------------------------
 
 /// Out of place: `out` (p * in.size() elements) receives every rank's `in`, in rank order.
-/// Algorithms: automatic, ring, recursive_doubling.
+/// Algorithms: automatic, ring, recursive_doubling, shared_memory (one node: through the communicator's
+/// segment, collective/exchange_shared_memory.hpp).
 template <element T>
 void allgather(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out,
                algorithm a = algorithm::automatic) {
@@ -257,8 +283,7 @@ void allgather(communicator& comm, std::span<const std::type_identity_t<T>> in, 
   detail::require(out.size() == layout.total, comm, "allgather",
                   "output of " + std::to_string(out.size()) +
                       " elements; it needs ranks * input = " + std::to_string(layout.total));
-  std::copy(in.begin(), in.end(), layout.of(out, comm.rank()).begin());
-  detail::allgather_in_place(comm, out, layout, a, "allgather");
+  detail::allgather_out_of_place(comm, std::span<const T>(in), out, layout, a, "allgather");
 }
 
 /// In place: `data` holds p equal blocks, block `rank` already mine; afterwards every block is filled.
@@ -281,8 +306,7 @@ void allgather_v(communicator& comm, std::span<const std::type_identity_t<T>> in
   detail::require(
       out.size() == layout.total, comm, "allgather_v",
       "output of " + std::to_string(out.size()) + " elements; the counts add up to " + std::to_string(layout.total));
-  std::copy(in.begin(), in.end(), layout.of(out, comm.rank()).begin());
-  detail::allgather_in_place(comm, out, layout, a, "allgather_v");
+  detail::allgather_out_of_place(comm, std::span<const T>(in), out, layout, a, "allgather_v");
 }
 
 /// In place, uneven: block `rank` (at counts[0] + .. + counts[rank-1]) is already mine.
@@ -310,6 +334,10 @@ void allgather_v_placed(communicator& comm, std::span<const std::type_identity_t
                   "input of " + std::to_string(in.size()) + " elements; counts[rank] is " +
                       std::to_string(layout.count(comm.rank())));
   detail::require(s.chunk_bytes > 0, comm, "allgather_v_placed", "staging::chunk_bytes is 0; it must be positive");
+  if (detail::through_shared_memory(comm, s, "allgather_v_placed")) {
+    detail::shared_memory_allgather_placed(comm, std::span<const T>(in), layout, s, place);
+    return;
+  }
   detail::call c = detail::begin_call(comm);
   detail::pairwise_allgather_placed(c, std::span<const T>(in), layout, s, place);
 }
@@ -358,7 +386,8 @@ void reduce(communicator& comm, std::span<T> data, reduce_op op, int root, algor
 // ---- alltoall, barrier -------------------------------------------------------------------------
 
 /// `in` and `out` hold p blocks of in.size() / p elements: block j of `in` is sent to rank j, block i
-/// of `out` comes from rank i. Algorithms: automatic, pairwise.
+/// of `out` comes from rank i. Algorithms: automatic, pairwise, shared_memory (one node: through
+/// the communicator's segment, collective/exchange_shared_memory.hpp).
 /// @pre in.size() == out.size(), a multiple of p; in and out are the same buffer or do not overlap.
 template <element T>
 void alltoall(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out,
@@ -367,8 +396,14 @@ void alltoall(communicator& comm, std::span<const std::type_identity_t<T>> in, s
   detail::require(in.size() == out.size() && in.size() % p == 0, comm, "alltoall",
                   "input of " + std::to_string(in.size()) + " and output of " + std::to_string(out.size()) +
                       " elements; both need the same multiple of the " + std::to_string(p) + " ranks");
-  if (a != algorithm::automatic && a != algorithm::pairwise)
-    detail::unsupported(comm, "alltoall", a, "automatic, pairwise");
+  if (a != algorithm::automatic && a != algorithm::pairwise && a != algorithm::shared_memory)
+    detail::unsupported(comm, "alltoall", a, "automatic, pairwise, shared_memory");
+  if (a == algorithm::automatic) a = choose_alltoall(comm, in.size_bytes());
+  if (a == algorithm::shared_memory) {  // in place too: round k packs chunk k of every block first
+    detail::require_one_node_segment(comm, "alltoall");
+    detail::shared_memory_alltoall(comm, std::span<const T>(in), out, in.size() / p);
+    return;
+  }
   detail::call c = detail::begin_call(comm);
   if (detail::same_buffer(in, out)) {
     auto copy = detail::scratch<T>(in.size());

@@ -185,7 +185,8 @@ TEST_P(inproc_collectives, allgather_and_v_match_the_oracle) {
                                                  layout.displs[static_cast<std::size_t>(q)]);
                 want.insert(want.end(), block.begin(), block.end());
               }
-              for (algorithm a : {algorithm::ring, algorithm::recursive_doubling, algorithm::automatic}) {
+              for (algorithm a :
+                   {algorithm::ring, algorithm::recursive_doubling, algorithm::shared_memory, algorithm::automatic}) {
                 const std::vector<T> mine = make_input<T>(c.op, comm.rank(), counts[me], layout.displs[me]);
                 std::vector<T> out(layout.total, from_int<T>(99));
                 if (c.in_place) {
@@ -213,7 +214,8 @@ TEST_P(inproc_collectives, allgather_and_v_match_the_oracle) {
 
 // allgather_v_placed: every element of every block, mine included, is handed to `place` exactly
 // once with its block and offset; here placed in reverse order of the concatenated blocks. Chunks of
-// 1 and 3 elements (2 and 3 slots) and the default staging; counts uneven with zeros, and even.
+// 1 and 3 elements (2 and 3 slots) through the transport and through shared-memory rounds, and the
+// default staging; counts uneven with zeros, and even.
 TEST_P(inproc_collectives, allgather_v_placed_places_every_element_once) {
   const int p = GetParam();
   auto check = [&](auto zero) {
@@ -224,7 +226,10 @@ TEST_P(inproc_collectives, allgather_v_placed_places_every_element_once) {
           const auto me = static_cast<std::size_t>(comm.rank());
           for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1003}})
             for (bool uneven : {false, true})
-              for (const staging stage : {staging{1, 2}, staging{3 * sizeof(T), 3}, staging{}}) {
+              for (const staging stage :
+                   {staging{1, 2, staged_path::transport}, staging{3 * sizeof(T), 3, staged_path::transport},
+                    staging{1, 2, staged_path::shared_memory}, staging{3 * sizeof(T), 3, staged_path::shared_memory},
+                    staging{}}) {
                 const std::vector<std::size_t> counts =
                     uneven ? uneven_counts(p, count) : std::vector<std::size_t>(static_cast<std::size_t>(p), count);
                 const block_layout layout = block_layout::of_counts(counts);
@@ -256,7 +261,8 @@ TEST_P(inproc_collectives, allgather_v_placed_places_every_element_once) {
                     stage);
                 const std::string what = describe<T>({reduce_op::sum, count, false}, comm, "allgather_v_placed") +
                                          (uneven ? " uneven" : " even") + " chunk " +
-                                         std::to_string(stage.chunk_bytes) + " B";
+                                         std::to_string(stage.chunk_bytes) + " B, path " +
+                                         std::to_string(static_cast<int>(stage.path));
                 EXPECT_TRUE(in_bounds) << what;
                 EXPECT_TRUE(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; })) << what;
                 EXPECT_TRUE(same_elements(out, want, what));
@@ -318,25 +324,27 @@ TEST_P(inproc_collectives, alltoall_delivers_every_block_to_its_rank) {
     run_in_process(
         p,
         [&](communicator& comm) {
+          // the largest count takes several shared-memory rounds (a section is at most 256 KiB)
           for (std::size_t count :
-               {std::size_t{0}, std::size_t{1}, std::size_t{7}, pipeline_chunk_bytes / sizeof(T) + 1}) {
-            for (bool in_place : {true, false}) {
+               {std::size_t{0}, std::size_t{1}, std::size_t{7}, pipeline_chunk_bytes / sizeof(T) + 1})
+            for (algorithm a : {algorithm::pairwise, algorithm::shared_memory, algorithm::automatic})
+              for (bool in_place : {true, false}) {
               const std::size_t total = count * static_cast<std::size_t>(p);
               const std::vector<T> input = make_input<T>(reduce_op::sum, comm.rank(), total);
               std::vector<T> out = in_place ? input : std::vector<T>(total, from_int<T>(99));
               if (in_place)
-                alltoall(comm, std::span(out), algorithm::pairwise);
+                alltoall(comm, std::span(out), a);
               else
-                alltoall(comm, std::span(input), std::span(out));
+                alltoall(comm, std::span(input), std::span(out), a);
               std::vector<T> want;
               for (int from = 0; from < p; ++from) {
                 const auto block =
                     make_input<T>(reduce_op::sum, from, count, static_cast<std::size_t>(comm.rank()) * count);
                 want.insert(want.end(), block.begin(), block.end());
               }
-              EXPECT_TRUE(same_elements(out, want, describe<T>({reduce_op::sum, count, in_place}, comm, "alltoall")));
+              EXPECT_TRUE(same_elements(
+                  out, want, describe<T>({reduce_op::sum, count, in_place}, comm, "alltoall " + std::string(name_of(a)))));
             }
-          }
         },
         test_config());
   });
@@ -420,6 +428,40 @@ TEST(inproc_collective_contracts, hierarchical_on_uneven_nodes_is_a_usage_error)
                usage_error);
 }
 
+TEST(inproc_collective_contracts, shared_memory_across_nodes_is_a_usage_error_that_says_why) {
+  // 4 ranks in nodes of 2: allgather, alltoall and the staged allgather cannot go through one segment
+  run_in_process(
+      4,
+      [](communicator& comm) {
+        std::vector<float> data(8, 1.0f), out(8);
+        const std::vector<std::size_t> counts(4, 2);
+        auto expect_says_why = [&](auto&& call, const std::string& what) {
+          try {
+            call();
+            ADD_FAILURE() << what << " ran through shared memory across 2 nodes";
+          } catch (const usage_error& e) {
+            EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("spans 2 nodes"), std::string::npos) << e.what();
+          }
+        };
+        expect_says_why([&] { allgather(comm, std::span(data), algorithm::shared_memory); },
+                        "allgather(shared_memory)");
+        expect_says_why([&] { alltoall(comm, std::span(data), algorithm::shared_memory); },
+                        "alltoall(shared_memory)");
+        expect_says_why(
+            [&] {
+              allgather_v_placed<float>(
+                  comm, std::span(data).first(2), counts, [](int, std::size_t, std::span<const float>) {},
+                  staging{64, 2, staged_path::shared_memory});
+            },
+            "allgather_v_placed: staging::path is shared_memory");
+        // automatic stays on the transport there, and is right
+        allgather(comm, std::span(data).first(2), std::span(out));
+        EXPECT_EQ(out, std::vector<float>(8, 1.0f));
+      },
+      test_config(), 2);
+}
+
 TEST(inproc_collective_contracts, mismatched_lengths_are_usage_errors_with_context) {
   run_in_process(
       2,
@@ -454,6 +496,30 @@ TEST(inproc_collective_contracts, a_missing_rank_ends_in_a_timeout_not_a_hang) {
                      c),
                  timeout_error)
         << name_of(a);
+  }
+  // the shared-memory allgather and alltoall wait for the peer's round with the same deadline
+  for (bool gather : {true, false}) {
+    try {
+      run_in_process(
+          2,
+          [&](communicator& comm) {
+            std::vector<float> data(1 << 16, 1.0f);
+            allreduce(comm, std::span(data), reduce_op::sum, algorithm::shared_memory);
+            if (comm.rank() != 0) return;
+            if (gather)
+              allgather(comm, std::span(data), algorithm::shared_memory);
+            else
+              alltoall(comm, std::span(data), algorithm::shared_memory);
+          },
+          c);
+      ADD_FAILURE() << (gather ? "allgather" : "alltoall") << " did not time out";
+    } catch (const timeout_error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(gather ? "allgather(shared_memory): rank 1 publishing round 0"
+                                 : "alltoall(shared_memory): rank 1 publishing round 0"),
+                std::string::npos)
+          << what;
+    }
   }
 }
 

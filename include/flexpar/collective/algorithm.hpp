@@ -9,7 +9,7 @@
 // | ring               | x         | x                  | x             |           |        |          |         |
 // | halving_doubling   | x         |                    |               |           |        |          |         |
 // | hierarchical       | x         |                    |               |           |        |          |         |
-// | shared_memory      | x         |                    |               |           |        |          |         |
+// | shared_memory      | x         |                    | x             |           |        | x        |         |
 // | recursive_doubling |           |                    | x             |           |        |          |         |
 // | chain              |           |                    |               | x         | x      |          |         |
 // | binomial_tree      |           |                    |               | x         | x      |          |         |
@@ -27,7 +27,7 @@ enum class algorithm : std::uint8_t {
   ring,                ///< reduce-scatter / allgather around a ring, chunked and pipelined
   halving_doubling,    ///< recursive halving reduce-scatter + recursive doubling allgather (Rabenseifner)
   hierarchical,        ///< intra-node reduce-scatter, inter-node allreduce, intra-node allgather
-  shared_memory,       ///< one node: reduce straight out of the peers' shared-memory slots
+  shared_memory,       ///< one node: through the communicator's shared-memory segment, read in cache
   recursive_doubling,  ///< allgather by doubling exchanges
   chain,               ///< pipelined chain (broadcast, reduce)
   binomial_tree,       ///< binomial tree (broadcast, reduce)

@@ -29,11 +29,18 @@
 
 namespace flexpar {
 
+/// Which way a staged exchange goes: `automatic` takes the shared-memory segment when every rank
+/// of the communicator is on one node and mapped it (collective/exchange_shared_memory.hpp), the
+/// transport otherwise; the other two force one way (tests; shared_memory fails where it cannot be).
+enum class staged_path { automatic, transport, shared_memory };
+
 /// How a streamed collective stages what it packs or unpacks: chunks of `chunk_bytes` through
 /// `slots` buffers, small enough to stay in cache. Every rank of a call must pass the same value.
 struct staging {
-  std::size_t chunk_bytes = std::size_t{256} << 10;  ///< bytes per message and per slot
-  std::size_t slots = 4;                             ///< staging buffers (at least 2 are used)
+  std::size_t chunk_bytes = std::size_t{256} << 10;  ///< bytes per message and per slot (per round
+                                                     ///< and peer through shared memory)
+  std::size_t slots = 4;                             ///< transport staging buffers (at least 2 are used)
+  staged_path path = staged_path::automatic;         ///< transport or shared-memory rounds
 };
 
 /// Cost of the placed pairwise allgather of `bytes` in total over p ranks: p-1 steps of bytes/p on

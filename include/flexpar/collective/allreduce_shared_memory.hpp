@@ -89,13 +89,13 @@ inline shared_memory_segment* shared_memory_of(communicator& comm) {
 
 /// Waits until counter_of(q) has reached `target` for every rank q but me.
 template <class Counter>
-void wait_for_peers(const communicator& comm, Counter&& counter_of, std::uint64_t target, const char* event,
-                    deadline until) {
+void wait_for_peers(const communicator& comm, Counter&& counter_of, std::uint64_t target, const char* op,
+                    const char* event, deadline until) {
   for (int q = 0; q < comm.size(); ++q) {
     if (q == comm.rank()) continue;
     counter_of(q).wait_until_reached(target, until, [&] {
-      return "[rank " + std::to_string(comm.rank()) + "] allreduce(shared_memory): rank " + std::to_string(q) + " " +
-             event + " round " + std::to_string(target - 1);
+      return "[rank " + std::to_string(comm.rank()) + "] " + op + ": rank " + std::to_string(q) + " " + event +
+             " round " + std::to_string(target - 1);
     });
   }
 }
@@ -110,11 +110,11 @@ void one_shot_round(const communicator& comm, const shm_geometry& shm, std::uint
   };
   if (g >= shm_depth)
     wait_for_peers(
-        comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "consuming", until);
+        comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "allreduce(shared_memory)", "consuming", until);
   std::memcpy(shm.round_buffer(me, g), data.data(), data.size_bytes());
   shm.published(me).publish(g + 1);
   wait_for_peers(
-      comm, [&](int q) { return shm.published(q); }, g + 1, "publishing", until);
+      comm, [&](int q) { return shm.published(q); }, g + 1, "allreduce(shared_memory)", "publishing", until);
   reduce_into(data, slot(0), slot(1), op);
   for (int q = 2; q < p; ++q) reduce_into(data, slot(q), op);
   shm.reduced(me).publish(g + 1);
@@ -157,7 +157,7 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
     // step 1: my round buffer is free once every peer consumed round g - depth
     if (g >= shm_depth)
       wait_for_peers(
-          comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "consuming", until);
+          comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "allreduce(shared_memory)", "consuming", until);
     // step 2: publish the parts the others reduce
     for (int q = 0; q < p; ++q) {
       if (q == me) continue;
@@ -167,7 +167,7 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
     shm.published(me).publish(g + 1);
     // step 3: reduce my part out of every peer's buffer, then share the result
     wait_for_peers(
-        comm, [&](int q) { return shm.published(q); }, g + 1, "publishing", until);
+        comm, [&](int q) { return shm.published(q); }, g + 1, "allreduce(shared_memory)", "publishing", until);
     const auto [my_lo, my_len] = part(me);
     const std::span<T> mine = round.subspan(my_lo, my_len);
     for (int q = 0; q < p; ++q)
@@ -176,7 +176,7 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
     shm.reduced(me).publish(g + 1);
     // step 4: gather the parts the others reduced
     wait_for_peers(
-        comm, [&](int q) { return shm.reduced(q); }, g + 1, "reducing", until);
+        comm, [&](int q) { return shm.reduced(q); }, g + 1, "allreduce(shared_memory)", "reducing", until);
     for (int q = 0; q < p; ++q) {
       if (q == me) continue;
       const auto [lo, len] = part(q);

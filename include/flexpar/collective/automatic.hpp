@@ -18,6 +18,8 @@
 #include <flexpar/collective/allreduce_hierarchical.hpp>
 #include <flexpar/collective/allreduce_ring.hpp>
 #include <flexpar/collective/allreduce_shared_memory.hpp>
+#include <flexpar/collective/alltoall_pairwise.hpp>
+#include <flexpar/collective/exchange_shared_memory.hpp>
 #include <flexpar/collective/broadcast_binomial_tree.hpp>
 #include <flexpar/collective/broadcast_chain.hpp>
 #include <flexpar/collective/reduce_binomial_tree.hpp>
@@ -138,15 +140,31 @@ inline algorithm cheapest_allreduce(communicator& comm, std::size_t bytes) {
 }
 }  // namespace detail
 
-/// allgather(_v): ring or recursive_doubling, by cost.
+/// allgather(_v): ring, recursive_doubling or (one node) shared_memory, by cost. Collective (it may
+/// create the shared-memory segment); every rank gets the same answer.
 inline algorithm choose_allgather(communicator& comm, std::size_t bytes) {
   const int p = comm.size();
   if (p == 1) return algorithm::ring;
   const cost_params& m = machine_of(comm);
   const double b = static_cast<double>(bytes);
-  return allgather_recursive_doubling_cost(p, b).seconds(m) < allgather_ring_cost(p, b).seconds(m)
-             ? algorithm::recursive_doubling
-             : algorithm::ring;
+  const double ring = allgather_ring_cost(p, b).seconds(m), doubling = allgather_recursive_doubling_cost(p, b).seconds(m);
+  if (comm.topology().node_count() == 1 && allgather_shared_memory_cost(p, b).seconds(m) < std::min(ring, doubling) &&
+      detail::one_node_segment(comm))
+    return algorithm::shared_memory;
+  return doubling < ring ? algorithm::recursive_doubling : algorithm::ring;
+}
+
+/// alltoall: pairwise or (one node) shared_memory, by cost; collective, like choose_allgather.
+inline algorithm choose_alltoall(communicator& comm, std::size_t bytes) {
+  const int p = comm.size();
+  if (p == 1) return algorithm::pairwise;
+  const cost_params& m = machine_of(comm);
+  const double b = static_cast<double>(bytes);
+  if (comm.topology().node_count() == 1 &&
+      alltoall_shared_memory_cost(p, b).seconds(m) < alltoall_pairwise_cost(p, b).seconds(m) &&
+      detail::one_node_segment(comm))
+    return algorithm::shared_memory;
+  return algorithm::pairwise;
 }
 
 /// broadcast: chain or binomial_tree, by cost.

@@ -1,0 +1,258 @@
+// flexpar/collective/exchange_shared_memory.hpp — a data exchange among the ranks of one node in
+// rounds through the communicator's shared-memory segment, each round read while it is in cache.
+//
+// Why: some exchanges move data that is strided on one side (S(i) -> B places every received block
+// as strided rows; S(i) -> S(j) sends column blocks of a row-split shard). Through the transport such
+// data is packed into, or received into, a staging buffer: one more pass over it, and the transport
+// itself copies each chunk from the sender's memory (UCX cma) or twice through its own buffers. Here
+// the sender packs a chunk straight into its round buffer, where it stays in cache, and the receiver
+// places it from there: what is read from memory is the sender's data, once; what is written to
+// memory is the receiver's result, once (streaming stores for large results) — the memory traffic
+// of a single copy, with the packing and placing done in cache.
+//
+// Script (the same flags and round buffers as the shared-memory allreduce; round g on rank r):
+//   step 1 (reuse): wait until every peer has consumed round g - depth (my round buffer is free)
+//   step 2 (fill):  fill(g, my round buffer); published = g+1
+//   step 3 (drain): for q = r+1, r+2, ... (mod p): wait for q's publish of g; drain(q, g, q's buffer)
+//   step 4 (free):  consumed = reduced = g+1
+// Cost per round: 2 flag hand-offs; the bytes filled are written to cache and read there by peers.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <flexpar/collective/allgather_pairwise_placed.hpp>
+#include <flexpar/collective/allreduce_shared_memory.hpp>
+#include <flexpar/core/streaming_copy.hpp>
+
+namespace flexpar {
+
+/// allgather of `bytes` in total over p ranks of one node through the segment: two flag hand-offs
+/// per round (a chunk of the largest block, staging's default), my block copied into my round
+/// buffer, every other block copied out of its owner's.
+constexpr cost allgather_shared_memory_cost(int p, double bytes) noexcept {
+  if (p <= 1) return {};
+  const double rounds = detail::ceil_div(bytes / p, static_cast<double>(staging{}.chunk_bytes));
+  return {.shm_steps = 2 * (rounds < 1 ? 1 : rounds), .copy_bytes = bytes};
+}
+
+/// alltoall of a `bytes` buffer per rank over p ranks of one node through the segment: two flag
+/// hand-offs per round, the whole buffer packed into my round buffer and the whole result placed.
+constexpr cost alltoall_shared_memory_cost(int p, double bytes) noexcept {
+  if (p <= 1) return {};
+  const double section = static_cast<double>(std::min(staging{}.chunk_bytes, shm_round_bytes / static_cast<std::size_t>(p) / 64 * 64));
+  const double rounds = detail::ceil_div(bytes / p, section);
+  return {.shm_steps = 2 * (rounds < 1 ? 1 : rounds), .copy_bytes = 2 * bytes};
+}
+
+}  // namespace flexpar
+
+namespace flexpar::detail {
+
+/// The communicator's segment when it has at least two ranks, all of them on my node, and every rank
+/// mapped it; nullptr otherwise (the same answer on every rank). Collective on its first call.
+inline shared_memory_segment* one_node_segment(communicator& comm) {
+  if (comm.size() < 2 || comm.topology().node_count() != 1) return nullptr;
+  return shared_memory_of(comm);
+}
+
+/// For an explicit algorithm::shared_memory: usage_error unless one_node_segment(comm) (p == 1 passes).
+inline void require_one_node_segment(communicator& comm, std::string_view op) {
+  if (comm.size() == 1 || one_node_segment(comm)) return;
+  throw usage_error("[rank " + std::to_string(comm.rank()) + "] " + std::string(op) +
+                    "(shared_memory): the communicator spans " + std::to_string(comm.topology().node_count()) +
+                    " nodes, or a rank could not map the shared-memory segment (is /dev/shm available to every "
+                    "rank?); use automatic");
+}
+
+/// Whether an exchange staged by `s` goes through the segment (shared_memory: it must exist).
+inline bool through_shared_memory(communicator& comm, const staging& s, const char* op) {
+  if (s.path == staged_path::transport) return false;
+  if (one_node_segment(comm)) return true;
+  if (s.path == staged_path::shared_memory && comm.size() > 1)
+    throw usage_error("[rank " + std::to_string(comm.rank()) + "] " + op +
+                      ": staging::path is shared_memory, but the communicator spans " +
+                      std::to_string(comm.topology().node_count()) +
+                      " nodes or a rank could not map the segment; use automatic or transport");
+  return false;
+}
+
+/// Runs `rounds` rounds of the script above. fill(g, buffer) writes round g of mine into my round
+/// buffer (shm_round_bytes, 64-byte aligned); drain(q, g, buffer) reads round g of rank q from
+/// q's. Every rank passes the same `rounds`; every wait ends at the communicator's deadline with
+/// a timeout_error naming `op`, the peer and the round.
+template <class Fill, class Drain>
+void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* op, Fill&& fill, Drain&& drain) {
+  const int p = comm.size(), me = comm.rank();
+  shared_memory_segment* segment = shared_memory_of(comm);
+  collective_context& ctx = context_of(comm);
+  const shm_geometry shm{segment->data(), p};
+  const deadline until = comm.default_deadline();
+  for (std::uint64_t k = 0; k < rounds; ++k) {
+    const std::uint64_t g = ctx.shm_rounds + k;
+    if (g >= shm_depth)
+      wait_for_peers(
+          comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, op, "consuming", until);
+    fill(k, std::span<std::byte>(shm.round_buffer(me, g), shm_round_bytes));
+    shm.published(me).publish(g + 1);
+    for (int step = 1; step < p; ++step) {
+      const int q = modulo(me + step, p);
+      shm.published(q).wait_until_reached(g + 1, until, [&] {
+        return "[rank " + std::to_string(me) + "] " + op + ": rank " + std::to_string(q) + " publishing round " +
+               std::to_string(k) + " of " + std::to_string(rounds);
+      });
+      drain(q, k, std::span<const std::byte>(shm.round_buffer(q, g), shm_round_bytes));
+    }
+    shm.reduced(me).publish(g + 1);
+    shm.consumed(me).publish(g + 1);
+  }
+  ctx.shm_rounds += rounds;
+}
+
+/// Chunks of a block of `count` elements: chunk k is [k * chunk, k * chunk + size(count, k)).
+struct round_chunks {
+  std::size_t chunk;
+  [[nodiscard]] std::size_t rounds(std::size_t count) const noexcept { return (count + chunk - 1) / chunk; }
+  [[nodiscard]] std::size_t size(std::size_t count, std::uint64_t k) const noexcept {
+    return k * chunk < count ? std::min(chunk, count - k * chunk) : 0;
+  }
+};
+
+/// Chunks for an allgather: one block per round buffer, min(s.chunk_bytes, shm_round_bytes).
+template <class T>
+round_chunks allgather_round_chunks(const staging& s) {
+  return {std::max<std::size_t>(1, std::min(s.chunk_bytes, shm_round_bytes) / sizeof(T))};
+}
+
+/// Chunks for an alltoall: p sections per round buffer (64-byte aligned), a chunk fills at most one.
+inline std::size_t alltoall_section_bytes(int p) { return shm_round_bytes / static_cast<std::size_t>(p) / 64 * 64; }
+template <class T>
+round_chunks alltoall_round_chunks(const staging& s, int p) {
+  return {std::max<std::size_t>(1, std::min(s.chunk_bytes, alltoall_section_bytes(p)) / sizeof(T))};
+}
+
+/// allgather_v_placed through the segment: in round k every rank copies chunk k of its block into
+/// its round buffer and places it from there; then it places chunk k of every peer's block from the
+/// peer's round buffer. As many rounds as the largest block has chunks.
+template <element T, class Place>
+void shared_memory_allgather_placed(communicator& comm, std::span<const T> mine, const block_layout& layout,
+                                    const staging& s, Place&& place) {
+  const int p = comm.size(), me = comm.rank();
+  const round_chunks chunks = allgather_round_chunks<T>(s);
+  std::size_t rounds = 0;
+  for (int q = 0; q < p; ++q) rounds = std::max(rounds, chunks.rounds(layout.count(q)));
+  shared_memory_rounds(
+      comm, rounds, "allgather(shared_memory)",
+      [&](std::uint64_t k, std::span<std::byte> buffer) {
+        const std::size_t m = chunks.size(mine.size(), k);
+        if (m == 0) return;
+        T* slot = reinterpret_cast<T*>(buffer.data());
+        std::memcpy(slot, mine.data() + k * chunks.chunk, m * sizeof(T));
+        place(me, k * chunks.chunk, std::span<const T>(slot, m));
+      },
+      [&](int q, std::uint64_t k, std::span<const std::byte> buffer) {
+        const std::size_t m = chunks.size(layout.count(q), k);
+        if (m != 0) place(q, k * chunks.chunk, std::span<const T>(reinterpret_cast<const T*>(buffer.data()), m));
+      });
+}
+
+/// A contiguous copy for the placing of a plain collective: streaming stores into a destination of
+/// streaming_min_bytes or more (it leaves the cache before anyone reads it), memcpy otherwise.
+template <class T>
+void place_contiguous(T* to, const T* from, std::size_t n, std::size_t destination_bytes) {
+  if (destination_bytes >= streaming_min_bytes)
+    copy_streaming(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from), n * sizeof(T));
+  else if (n != 0)
+    std::memcpy(to, from, n * sizeof(T));
+}
+
+/// allgather in place through the segment (my block is at its place in `data` already).
+template <element T>
+void shared_memory_allgather(communicator& comm, std::span<T> data, const block_layout& layout) {
+  const int me = comm.rank();
+  shared_memory_allgather_placed<T>(comm, std::span<const T>(layout.of(data, me)), layout, staging{},
+                                    [&](int block, std::size_t offset, std::span<const T> piece) {
+                                      if (block == me) return;  // in place already
+                                      place_contiguous(layout.of(data, block).data() + offset, piece.data(),
+                                                       piece.size(), data.size_bytes());
+                                    });
+}
+
+/// Where round k's chunk of the block from rank `from` to rank `to` lies in that block: elements
+/// [offset, offset + count); count 0 when the block has no chunk in round k.
+struct round_piece {
+  std::size_t offset = 0, count = 0;
+};
+
+/// Element chunks of `chunks.chunk`: the geometry of an alltoall whose blocks hold count(from, to)
+/// elements.
+template <class Count>
+auto element_pieces(const round_chunks& chunks, Count&& count) {
+  return [chunks, count](int from, int to, std::uint64_t k) {
+    return round_piece{k * chunks.chunk, chunks.size(count(from, to), k)};
+  };
+}
+
+/// An alltoall through the segment, packed and placed by the caller: my round buffer has one
+/// section per rank (alltoall_section_bytes); in round k
+///   fill:  pack(k, sections) writes round k's chunk of my block for each rank q into sections[q]
+///          (in cache; sections[q].size() = piece(me, q, k).count), in whatever order reads my
+///          data best; my own section is handed to place(me, offset, ...) at once;
+///   drain: place(q, offset, section `me` of q's round buffer) for every peer q.
+/// piece(from, to, k) must be the same function on every rank, each piece at most a section, and
+/// `rounds` the same on every rank. In place is safe when the block I receive from q occupies the
+/// place of the block I send to q: round k packs its chunk of every block before it places any.
+template <element T, class Piece, class Pack, class Place>
+void shared_memory_alltoall_placed(communicator& comm, std::size_t rounds, Piece&& piece, Pack&& pack, Place&& place,
+                                   const char* op) {
+  const int p = comm.size(), me = comm.rank();
+  const std::size_t section = alltoall_section_bytes(p);
+  std::vector<std::span<T>> sections(static_cast<std::size_t>(p));
+  shared_memory_rounds(
+      comm, rounds, op,
+      [&](std::uint64_t k, std::span<std::byte> buffer) {
+        for (int q = 0; q < p; ++q)
+          sections[static_cast<std::size_t>(q)] = std::span<T>(
+              reinterpret_cast<T*>(buffer.data() + static_cast<std::size_t>(q) * section), piece(me, q, k).count);
+        pack(k, std::span<const std::span<T>>(sections));
+        const round_piece own = piece(me, me, k);
+        if (own.count != 0) place(me, own.offset, std::span<const T>(sections[static_cast<std::size_t>(me)]));
+      },
+      [&](int q, std::uint64_t k, std::span<const std::byte> buffer) {
+        const round_piece from_q = piece(q, me, k);
+        if (from_q.count != 0)
+          place(q, from_q.offset,
+                std::span<const T>(
+                    reinterpret_cast<const T*>(buffer.data() + static_cast<std::size_t>(me) * section), from_q.count));
+      });
+}
+
+/// alltoall of p blocks of `count` elements through the segment; `in` may be `out` (see above).
+template <element T>
+void shared_memory_alltoall(communicator& comm, std::span<const T> in, std::span<T> out, std::size_t count) {
+  if (comm.size() == 1) {
+    if (out.data() != in.data()) std::memcpy(out.data(), in.data(), count * sizeof(T));
+    return;
+  }
+  const round_chunks chunks = alltoall_round_chunks<T>(staging{}, comm.size());
+  shared_memory_alltoall_placed<T>(
+      comm, chunks.rounds(count), element_pieces(chunks, [count](int, int) { return count; }),
+      [&](std::uint64_t k, std::span<const std::span<T>> sections) {
+        for (std::size_t q = 0; q < sections.size(); ++q)
+          if (!sections[q].empty())
+            std::memcpy(sections[q].data(), in.data() + q * count + k * chunks.chunk, sections[q].size_bytes());
+      },
+      [&](int q, std::size_t offset, std::span<const T> piece) {
+        place_contiguous(out.data() + static_cast<std::size_t>(q) * count + offset, piece.data(), piece.size(),
+                         out.size_bytes());
+      },
+      "alltoall(shared_memory)");
+}
+
+}  // namespace flexpar::detail
