@@ -75,9 +75,11 @@ TEST_P(boxing_1d, every_pair_gives_back_the_logical_tensor) {
       flexpar::testing_support::with_timeout());
 }
 
-// The packed layouts (S(i) -> B with i inner, S(i) -> S(j)) stream through staging slots. Small chunks
-// (1, 3 and 5 elements, 2 or 3 slots) take the multi-chunk paths on small tensors, with row counts
-// that are not multiples of the chunk: box_axis is called with its axis_view's staging set.
+// The packed layouts (S(i) -> B with i inner, S(i) -> S(j)) stream through staging slots of the
+// transport or through shared-memory rounds. Small chunks (1, 3 and 5 elements, 2 or 3 slots) take
+// the multi-chunk paths on small tensors, with row counts that are not multiples of the chunk;
+// 40 elements take S(i) -> S(j)'s rounds of whole outer indices over several rounds: box_axis is
+// called with its axis_view's staging set.
 template <class From, class To>
 void check_staged(const placement<1>& mesh, const shape_t& shape, const staging& stage, int salt) {
   using T = std::int32_t;
@@ -87,7 +89,8 @@ void check_staged(const placement<1>& mesh, const shape_t& shape, const staging&
   box_axis(v, From{}, To{});
   auto boxed = global_tensor<T, To>::adopt(mesh, shape, std::move(v.local));
   EXPECT_EQ(boxed.to_full(), full) << to_string<From>() << " -> " << to_string<To>() << " " << to_string(shape)
-                                   << " chunk " << stage.chunk_bytes << " B, " << stage.slots << " slots, rank "
+                                   << " chunk " << stage.chunk_bytes << " B, " << stage.slots << " slots, path "
+                                   << static_cast<int>(stage.path) << ", rank "
                                    << mesh.parent().rank();
 }
 
@@ -98,7 +101,11 @@ TEST_P(boxing_1d, packed_layouts_stream_across_chunk_boundaries) {
         placement<1> mesh(comm, {comm.size()});
         int salt = 0;
         for (const shape_t& shape : {shape_t{7, 13, 5}, shape_t{11, 6, 3}, shape_t{2, 9, 1}, shape_t{0, 3, 2}})
-          for (const staging stage : {staging{4, 2}, staging{12, 3}, staging{20, 2}, staging{}}) {
+          for (const staging stage :
+               {staging{4, 2, staged_path::transport}, staging{12, 3, staged_path::transport},
+                staging{20, 2, staged_path::transport}, staging{4, 2, staged_path::shared_memory},
+                staging{20, 2, staged_path::shared_memory}, staging{160, 2, staged_path::shared_memory},
+                staging{}}) {
             check_staged<split<1>, broadcast>(mesh, shape, stage, ++salt);
             check_staged<split<2>, broadcast>(mesh, shape, stage, ++salt);
             check_staged<split<0>, split<1>>(mesh, shape, stage, ++salt);
