@@ -134,12 +134,24 @@ void unpack_piece(std::span<const T> piece, const around& v, const part& rows, s
   if (streaming) flexpar::detail::store_fence();
 }
 
+/// Copies the `n` elements of one run of a pack: for a source of streaming_min_bytes or more (read
+/// from memory, where a library call per short run costs as much as its copy) inline, otherwise
+/// with memcpy (in cache, where its wider stores win).
+template <class T>
+void copy_packed_run(const T* from, T* to, std::size_t n, bool from_memory) {
+  if (from_memory)
+    flexpar::detail::copy_run(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from), n * sizeof(T));
+  else
+    std::copy_n(from, n, to);
+}
+
 /// The inverse: packs elements [from, from + piece.size()) of rows `rows` of `data` into `piece`
 /// (a staging slot, which stays in cache: plain stores).
 template <class T>
 void pack_piece(std::span<const T> data, const around& v, const part& rows, std::size_t from, std::span<T> piece) {
+  const bool from_memory = data.size_bytes() >= flexpar::detail::streaming_min_bytes;
   for_each_run(v, rows, from, piece.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
-    std::copy_n(data.data() + at, m, piece.data() + done);
+    copy_packed_run(data.data() + at, piece.data() + done, m, from_memory);
   });
 }
 
@@ -267,6 +279,7 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
       return flexpar::detail::round_piece{first * run, first < outer ? std::min(per_round, outer - first) * run : 0};
     };
     const std::size_t stride = send_view.rows * send_view.inner;
+    const bool from_memory = v.local.size() * sizeof(T) >= flexpar::detail::streaming_min_bytes;
     flexpar::detail::shared_memory_alltoall_placed<T>(
         v.comm, rounds, piece,
         [&](std::uint64_t k, std::span<const std::span<T>> sections) {
@@ -274,8 +287,8 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
           for (std::size_t o = first; o < last; ++o)
             for (std::size_t q = 0; q < up; ++q) {
               const std::size_t run = rows_j[q].count * send_view.inner;
-              std::copy_n(v.local.data() + o * stride + rows_j[q].offset * send_view.inner, run,
-                          sections[q].data() + (o - first) * run);
+              copy_packed_run(v.local.data() + o * stride + rows_j[q].offset * send_view.inner,
+                              sections[q].data() + (o - first) * run, run, from_memory);
             }
         },
         place, op);
