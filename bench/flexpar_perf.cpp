@@ -75,10 +75,16 @@ std::vector<algorithm> algorithms_for(collective c, const std::vector<algorithm>
       if (comm.topology().node_count() > 1) std::erase(offered, algorithm::shared_memory);
       break;
     case collective::reduce_scatter: offered = {algorithm::ring}; break;
-    case collective::allgather: offered = {algorithm::ring, algorithm::recursive_doubling}; break;
+    case collective::allgather:
+      offered = {algorithm::automatic, algorithm::ring, algorithm::recursive_doubling, algorithm::shared_memory};
+      if (comm.topology().node_count() > 1) std::erase(offered, algorithm::shared_memory);
+      break;
     case collective::broadcast:
     case collective::reduce: offered = {algorithm::chain, algorithm::binomial_tree}; break;
-    case collective::alltoall: offered = {algorithm::pairwise}; break;
+    case collective::alltoall:
+      offered = {algorithm::automatic, algorithm::pairwise, algorithm::shared_memory};
+      if (comm.topology().node_count() > 1) std::erase(offered, algorithm::shared_memory);
+      break;
   }
   std::vector<algorithm> chosen;
   for (algorithm a : offered)
@@ -498,6 +504,10 @@ int main(int argc, char** argv) {
             std::string label(flexpar::name_of(a));
             if (a == algorithm::automatic && c == collective::allreduce)
               label = "auto:" + std::string(flexpar::name_of(flexpar::choose_allreduce(comm, count * sizeof(float))));
+            if (a == algorithm::automatic && c == collective::allgather)
+              label = "auto:" + std::string(flexpar::name_of(flexpar::choose_allgather(comm, count * sizeof(float))));
+            if (a == algorithm::automatic && c == collective::alltoall)
+              label = "auto:" + std::string(flexpar::name_of(flexpar::choose_alltoall(comm, count * sizeof(float))));
             measure(label, [&] { run_flexpar(s, a); });
           }
           measure("mpi", [&] { run_mpi(s); });

@@ -25,6 +25,13 @@ static_assert(allreduce_shared_memory_cost(2, 4096).shm_steps == 1);  // one han
 static_assert(allreduce_shared_memory_cost(2, 4.0 * shm_round_bytes).shm_steps == 12);
 static_assert(allreduce_shared_memory_cost(2, 4.0 * shm_round_bytes).steps == 0);
 static_assert(allreduce_ring_cost(1, 1024).seconds(cost_params{}) == 0);
+// shared-memory rounds: 2 hand-offs per 256 KiB chunk of a block (at least one round), no transport
+static_assert(allgather_shared_memory_cost(2, 1024.0 * 1024).shm_steps == 4);
+static_assert(allgather_shared_memory_cost(2, 1024.0 * 1024).copy_bytes == 1024.0 * 1024);
+static_assert(allgather_shared_memory_cost(3, 30).shm_steps == 2);
+static_assert(alltoall_shared_memory_cost(4, 4.0 * 1024 * 1024).shm_steps == 8);
+static_assert(alltoall_shared_memory_cost(4, 4.0 * 1024 * 1024).steps == 0);
+static_assert(alltoall_shared_memory_cost(1, 100).copy_bytes == 0);
 
 TEST(cost, seconds_weigh_each_term_with_its_channel) {
   const cost_params m{1e-6, 1e-9, 1e-10, 1e-7, 1e-11};
@@ -66,6 +73,9 @@ TEST(cost, automatic_picks_shared_memory_on_one_node_and_hierarchical_across_nod
         set_cost_params(comm, m);
         EXPECT_EQ(choose_allreduce(comm, std::size_t{16} << 20), algorithm::shared_memory);
         EXPECT_EQ(choose_allreduce(comm, 4096), algorithm::shared_memory);
+        // allgather and alltoall take the segment on one node at every size
+        EXPECT_EQ(choose_allgather(comm, 4096), algorithm::shared_memory);
+        EXPECT_EQ(choose_alltoall(comm, std::size_t{16} << 20), algorithm::shared_memory);
       },
       config{});
   run_in_process(
@@ -73,6 +83,8 @@ TEST(cost, automatic_picks_shared_memory_on_one_node_and_hierarchical_across_nod
       [&](communicator& comm) {  // 2 nodes of 4
         set_cost_params(comm, m);
         EXPECT_EQ(choose_allreduce(comm, std::size_t{16} << 20), algorithm::hierarchical);
+        EXPECT_NE(choose_allgather(comm, 4096), algorithm::shared_memory);
+        EXPECT_EQ(choose_alltoall(comm, 4096), algorithm::pairwise);
       },
       config{}, 4);
 }
