@@ -37,13 +37,13 @@
 #include <flexpar/collective/allreduce_hierarchical.hpp>
 #include <flexpar/collective/allreduce_ring.hpp>
 #include <flexpar/collective/allreduce_shared_memory.hpp>
-#include <flexpar/collective/exchange_shared_memory.hpp>
 #include <flexpar/collective/alltoall_pairwise.hpp>
 #include <flexpar/collective/automatic.hpp>
 #include <flexpar/collective/barrier_dissemination.hpp>
 #include <flexpar/collective/broadcast_binomial_tree.hpp>
 #include <flexpar/collective/broadcast_chain.hpp>
 #include <flexpar/collective/context.hpp>
+#include <flexpar/collective/exchange_shared_memory.hpp>
 #include <flexpar/collective/reduce_binomial_tree.hpp>
 #include <flexpar/collective/reduce_chain.hpp>
 #include <flexpar/collective/reduce_kernel.hpp>
@@ -144,11 +144,10 @@ void allgather_out_of_place(communicator& comm, std::span<const T> in, std::span
   if (a == algorithm::automatic) a = choose_allgather(comm, out.size_bytes());
   if (a == algorithm::shared_memory && comm.size() > 1) {
     require_one_node_segment(comm, name);
-    shared_memory_allgather_placed<T>(comm, in, layout, staging{},
-                                      [&](int block, std::size_t offset, std::span<const T> piece) {
-                                        place_contiguous(layout.of(out, block).data() + offset, piece.data(),
-                                                         piece.size(), out.size_bytes());
-                                      });
+    shared_memory_allgather_placed<T>(
+        comm, in, layout, staging{}, [&](int block, std::size_t offset, std::span<const T> piece) {
+          place_contiguous(layout.of(out, block).data() + offset, piece.data(), piece.size(), out.size_bytes());
+        });
     return;
   }
   std::copy(in.begin(), in.end(), layout.of(out, comm.rank()).begin());

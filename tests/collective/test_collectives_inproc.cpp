@@ -329,22 +329,23 @@ TEST_P(inproc_collectives, alltoall_delivers_every_block_to_its_rank) {
                {std::size_t{0}, std::size_t{1}, std::size_t{7}, pipeline_chunk_bytes / sizeof(T) + 1})
             for (algorithm a : {algorithm::pairwise, algorithm::shared_memory, algorithm::automatic})
               for (bool in_place : {true, false}) {
-              const std::size_t total = count * static_cast<std::size_t>(p);
-              const std::vector<T> input = make_input<T>(reduce_op::sum, comm.rank(), total);
-              std::vector<T> out = in_place ? input : std::vector<T>(total, from_int<T>(99));
-              if (in_place)
-                alltoall(comm, std::span(out), a);
-              else
-                alltoall(comm, std::span(input), std::span(out), a);
-              std::vector<T> want;
-              for (int from = 0; from < p; ++from) {
-                const auto block =
-                    make_input<T>(reduce_op::sum, from, count, static_cast<std::size_t>(comm.rank()) * count);
-                want.insert(want.end(), block.begin(), block.end());
+                const std::size_t total = count * static_cast<std::size_t>(p);
+                const std::vector<T> input = make_input<T>(reduce_op::sum, comm.rank(), total);
+                std::vector<T> out = in_place ? input : std::vector<T>(total, from_int<T>(99));
+                if (in_place)
+                  alltoall(comm, std::span(out), a);
+                else
+                  alltoall(comm, std::span(input), std::span(out), a);
+                std::vector<T> want;
+                for (int from = 0; from < p; ++from) {
+                  const auto block =
+                      make_input<T>(reduce_op::sum, from, count, static_cast<std::size_t>(comm.rank()) * count);
+                  want.insert(want.end(), block.begin(), block.end());
+                }
+                EXPECT_TRUE(same_elements(
+                    out, want,
+                    describe<T>({reduce_op::sum, count, in_place}, comm, "alltoall " + std::string(name_of(a)))));
               }
-              EXPECT_TRUE(same_elements(
-                  out, want, describe<T>({reduce_op::sum, count, in_place}, comm, "alltoall " + std::string(name_of(a)))));
-            }
         },
         test_config());
   });
@@ -446,8 +447,7 @@ TEST(inproc_collective_contracts, shared_memory_across_nodes_is_a_usage_error_th
         };
         expect_says_why([&] { allgather(comm, std::span(data), algorithm::shared_memory); },
                         "allgather(shared_memory)");
-        expect_says_why([&] { alltoall(comm, std::span(data), algorithm::shared_memory); },
-                        "alltoall(shared_memory)");
+        expect_says_why([&] { alltoall(comm, std::span(data), algorithm::shared_memory); }, "alltoall(shared_memory)");
         expect_says_why(
             [&] {
               allgather_v_placed<float>(

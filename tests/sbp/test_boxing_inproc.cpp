@@ -90,8 +90,7 @@ void check_staged(const placement<1>& mesh, const shape_t& shape, const staging&
   auto boxed = global_tensor<T, To>::adopt(mesh, shape, std::move(v.local));
   EXPECT_EQ(boxed.to_full(), full) << to_string<From>() << " -> " << to_string<To>() << " " << to_string(shape)
                                    << " chunk " << stage.chunk_bytes << " B, " << stage.slots << " slots, path "
-                                   << static_cast<int>(stage.path) << ", rank "
-                                   << mesh.parent().rank();
+                                   << static_cast<int>(stage.path) << ", rank " << mesh.parent().rank();
 }
 
 TEST_P(boxing_1d, packed_layouts_stream_across_chunk_boundaries) {
@@ -104,8 +103,7 @@ TEST_P(boxing_1d, packed_layouts_stream_across_chunk_boundaries) {
           for (const staging stage :
                {staging{4, 2, staged_path::transport}, staging{12, 3, staged_path::transport},
                 staging{20, 2, staged_path::transport}, staging{4, 2, staged_path::shared_memory},
-                staging{20, 2, staged_path::shared_memory}, staging{160, 2, staged_path::shared_memory},
-                staging{}}) {
+                staging{20, 2, staged_path::shared_memory}, staging{160, 2, staged_path::shared_memory}, staging{}}) {
             check_staged<split<1>, broadcast>(mesh, shape, stage, ++salt);
             check_staged<split<2>, broadcast>(mesh, shape, stage, ++salt);
             check_staged<split<0>, split<1>>(mesh, shape, stage, ++salt);

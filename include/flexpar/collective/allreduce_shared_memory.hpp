@@ -110,7 +110,8 @@ void one_shot_round(const communicator& comm, const shm_geometry& shm, std::uint
   };
   if (g >= shm_depth)
     wait_for_peers(
-        comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "allreduce(shared_memory)", "consuming", until);
+        comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "allreduce(shared_memory)", "consuming",
+        until);
   std::memcpy(shm.round_buffer(me, g), data.data(), data.size_bytes());
   shm.published(me).publish(g + 1);
   wait_for_peers(
@@ -157,7 +158,8 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
     // step 1: my round buffer is free once every peer consumed round g - depth
     if (g >= shm_depth)
       wait_for_peers(
-          comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "allreduce(shared_memory)", "consuming", until);
+          comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "allreduce(shared_memory)", "consuming",
+          until);
     // step 2: publish the parts the others reduce
     for (int q = 0; q < p; ++q) {
       if (q == me) continue;

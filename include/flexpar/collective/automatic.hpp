@@ -18,9 +18,9 @@
 #include <flexpar/collective/allreduce_hierarchical.hpp>
 #include <flexpar/collective/allreduce_ring.hpp>
 #include <flexpar/collective/allreduce_shared_memory.hpp>
-#include <flexpar/collective/exchange_shared_memory.hpp>
 #include <flexpar/collective/broadcast_binomial_tree.hpp>
 #include <flexpar/collective/broadcast_chain.hpp>
+#include <flexpar/collective/exchange_shared_memory.hpp>
 #include <flexpar/collective/reduce_binomial_tree.hpp>
 #include <flexpar/collective/reduce_chain.hpp>
 

@@ -33,6 +33,13 @@
 
 namespace flexpar {
 
+namespace detail {
+/// Bytes of one destination's section of an alltoall round buffer: p per buffer, 64-byte aligned.
+constexpr std::size_t alltoall_section_bytes(int p) noexcept {
+  return shm_round_bytes / static_cast<std::size_t>(p) / 64 * 64;
+}
+}  // namespace detail
+
 /// allgather of `bytes` in total over p ranks of one node through the segment: two flag hand-offs
 /// per round (a chunk of the largest block, staging's default), my block copied into my round
 /// buffer, every other block copied out of its owner's.
@@ -46,7 +53,7 @@ constexpr cost allgather_shared_memory_cost(int p, double bytes) noexcept {
 /// hand-offs per round, the whole buffer packed into my round buffer and the whole result placed.
 constexpr cost alltoall_shared_memory_cost(int p, double bytes) noexcept {
   if (p <= 1) return {};
-  const double section = static_cast<double>(std::min(staging{}.chunk_bytes, shm_round_bytes / static_cast<std::size_t>(p) / 64 * 64));
+  const double section = static_cast<double>(std::min(staging{}.chunk_bytes, detail::alltoall_section_bytes(p)));
   const double rounds = detail::ceil_div(bytes / p, section);
   return {.shm_steps = 2 * (rounds < 1 ? 1 : rounds), .copy_bytes = 2 * bytes};
 }
@@ -83,10 +90,11 @@ inline bool through_shared_memory(communicator& comm, const staging& s, const ch
   return false;
 }
 
-/// Runs `rounds` rounds of the script above. fill(g, buffer) writes round g of mine into my round
-/// buffer (shm_round_bytes, 64-byte aligned); drain(q, g, buffer) reads round g of rank q from
-/// q's. Every rank passes the same `rounds`; every wait ends at the communicator's deadline with
-/// a timeout_error naming `op`, the peer and the round.
+/// Runs `rounds` rounds of the script above. fill(k, buffer) writes round k of this call (k = 0 ..
+/// rounds-1; g counts on from the segment's earlier rounds) into my round buffer (shm_round_bytes,
+/// 64-byte aligned); drain(q, k, buffer) reads rank q's round k from q's. Every rank passes the
+/// same `rounds`; every wait ends at the communicator's deadline with a timeout_error naming `op`,
+/// the peer and the round.
 template <class Fill, class Drain>
 void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* op, Fill&& fill, Drain&& drain) {
   const int p = comm.size(), me = comm.rank();
@@ -130,8 +138,7 @@ round_chunks allgather_round_chunks(const staging& s) {
   return {std::max<std::size_t>(1, std::min(s.chunk_bytes, shm_round_bytes) / sizeof(T))};
 }
 
-/// Chunks for an alltoall: p sections per round buffer (64-byte aligned), a chunk fills at most one.
-inline std::size_t alltoall_section_bytes(int p) { return shm_round_bytes / static_cast<std::size_t>(p) / 64 * 64; }
+/// Chunks for an alltoall: a chunk fills at most one section (alltoall_section_bytes).
 template <class T>
 round_chunks alltoall_round_chunks(const staging& s, int p) {
   return {std::max<std::size_t>(1, std::min(s.chunk_bytes, alltoall_section_bytes(p)) / sizeof(T))};
@@ -228,8 +235,8 @@ void shared_memory_alltoall_placed(communicator& comm, std::size_t rounds, Piece
         const round_piece from_q = piece(q, me, k);
         if (from_q.count != 0)
           place(q, from_q.offset,
-                std::span<const T>(
-                    reinterpret_cast<const T*>(buffer.data() + static_cast<std::size_t>(me) * section), from_q.count));
+                std::span<const T>(reinterpret_cast<const T*>(buffer.data() + static_cast<std::size_t>(me) * section),
+                                   from_q.count));
       });
 }
 

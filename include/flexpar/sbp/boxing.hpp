@@ -140,7 +140,8 @@ void unpack_piece(std::span<const T> piece, const around& v, const part& rows, s
 template <class T>
 void copy_packed_run(const T* from, T* to, std::size_t n, bool from_memory) {
   if (from_memory)
-    flexpar::detail::copy_run(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from), n * sizeof(T));
+    flexpar::detail::copy_run(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from),
+                              n * sizeof(T));
   else
     std::copy_n(from, n, to);
 }
@@ -256,9 +257,12 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
     const shape_t shard = with_extent(v.group_shape, i, rows_i[from].count);
     outers[from] = around(shard, j).outer;
     inners[from] = around(shard, j).inner;
-    for (std::size_t to = 0; to < up; ++to) counts[from * up + to] = elements_of(with_extent(shard, j, rows_j[to].count));
+    for (std::size_t to = 0; to < up; ++to)
+      counts[from * up + to] = elements_of(with_extent(shard, j, rows_j[to].count));
   }
-  auto block = [&](int from, int to) { return counts[static_cast<std::size_t>(from) * up + static_cast<std::size_t>(to)]; };
+  auto block = [&](int from, int to) {
+    return counts[static_cast<std::size_t>(from) * up + static_cast<std::size_t>(to)];
+  };
   auto place = [&](int q, std::size_t offset, std::span<const T> piece) {
     unpack_piece<T>(piece, receive_view, rows_i[static_cast<std::size_t>(q)], offset, next);
   };
