@@ -141,7 +141,8 @@ inline algorithm cheapest_allreduce(communicator& comm, std::size_t bytes) {
 
 /// allgather(_v): on one node shared_memory whenever the segment exists (measured as fast or faster
 /// at every size, doc/collectives.md: 4 KiB 0.9 us against 8-9 us through the transport, where the
-/// cost model's ping-pong alpha predicts the transport's steps cheaper); otherwise ring or
+/// cost model's ping-pong alpha predicts the transport's steps cheaper; in this VM's slow state,
+/// same page, the transport wins from 64 KiB and the cost model cannot see it); otherwise ring or
 /// recursive_doubling, by cost. Collective (it may create the segment); every rank gets the same
 /// answer.
 inline algorithm choose_allgather(communicator& comm, std::size_t bytes) {

@@ -249,14 +249,15 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
                         std::span<T> next) {
   const int p = v.comm.size();
   const auto up = static_cast<std::size_t>(p);
-  // computed once: the pieces are asked for in every round
-  // elements `from` sends `to`; outer indices and inner extent of `from`'s shard around j (axis i is
-  // among the outer axes when i < j, among the inner ones when i > j)
+  // computed once, since the pieces are asked for in every round: elements `from` sends `to`; outer
+  // indices and inner extent of `from`'s shard around j (axis i is among the outer axes when i < j,
+  // among the inner ones when i > j)
   std::vector<std::size_t> counts(up * up), outers(up), inners(up);
   for (std::size_t from = 0; from < up; ++from) {
     const shape_t shard = with_extent(v.group_shape, i, rows_i[from].count);
-    outers[from] = around(shard, j).outer;
-    inners[from] = around(shard, j).inner;
+    const around view(shard, j);
+    outers[from] = view.outer;
+    inners[from] = view.inner;
     for (std::size_t to = 0; to < up; ++to)
       counts[from * up + to] = elements_of(with_extent(shard, j, rows_j[to].count));
   }
@@ -274,11 +275,10 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
   const std::size_t budget = std::min(v.stage.chunk_bytes, flexpar::detail::alltoall_section_bytes(p)) / sizeof(T);
   const std::size_t per_round = widest == 0 ? 0 : budget / widest;  // R
   if (send_view.outer > 1 && per_round > 0) {
-    auto outer_of = [&](int from) { return outers[static_cast<std::size_t>(from)]; };
     std::size_t rounds = 0;
-    for (int from = 0; from < p; ++from) rounds = std::max(rounds, (outer_of(from) + per_round - 1) / per_round);
+    for (const std::size_t outer : outers) rounds = std::max(rounds, (outer + per_round - 1) / per_round);
     auto piece = [&, per_round](int from, int to, std::uint64_t k) {
-      const std::size_t outer = outer_of(from), first = k * per_round;
+      const std::size_t outer = outers[static_cast<std::size_t>(from)], first = k * per_round;
       const std::size_t run = rows_j[static_cast<std::size_t>(to)].count * inners[static_cast<std::size_t>(from)];
       return flexpar::detail::round_piece{first * run, first < outer ? std::min(per_round, outer - first) * run : 0};
     };
