@@ -74,7 +74,10 @@ std::vector<algorithm> algorithms_for(collective c, const std::vector<algorithm>
       if (comm.topology().node_count() > 1 && comm.topology().uniform()) offered.push_back(algorithm::hierarchical);
       if (comm.topology().node_count() > 1) std::erase(offered, algorithm::shared_memory);
       break;
-    case collective::reduce_scatter: offered = {algorithm::ring}; break;
+    case collective::reduce_scatter:
+      offered = {algorithm::automatic, algorithm::ring, algorithm::shared_memory};
+      if (comm.topology().node_count() > 1) std::erase(offered, algorithm::shared_memory);
+      break;
     case collective::allgather:
       offered = {algorithm::automatic, algorithm::ring, algorithm::recursive_doubling, algorithm::shared_memory};
       if (comm.topology().node_count() > 1) std::erase(offered, algorithm::shared_memory);

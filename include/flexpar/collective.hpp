@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <concepts>
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
@@ -106,14 +107,47 @@ std::span<T> reduce_scatter_in_place(communicator& comm, std::span<T> data, cons
   require(data.size() == layout.total, comm, name,
           "the buffer holds " + std::to_string(data.size()) + " elements but the counts add up to " +
               std::to_string(layout.total));
-  // the ring is the only algorithm (automatic picks it), so every choice honours `where`
-  if (a != algorithm::automatic && a != algorithm::ring) unsupported(comm, name, a, "automatic, ring");
-  call c = begin_call(comm);
-  ring_reduce_scatter(c, data, layout, op, where);
+  if (a == algorithm::automatic) a = choose_reduce_scatter(comm, data.size_bytes());
   const std::span<T> mine =
       where == result_at::front ? data.first(layout.count(comm.rank())) : layout.of(data, comm.rank());
+  switch (a) {  // both honour `where`
+    case algorithm::ring: {
+      call c = begin_call(comm);
+      ring_reduce_scatter(c, data, layout, op, where);
+      break;
+    }
+    case algorithm::shared_memory:
+      require_one_node_segment(comm, name);
+      if (comm.size() > 1) shared_memory_reduce_scatter(comm, std::span<const T>(data), layout, mine, op);
+      break;
+    default: unsupported(comm, name, a, "automatic, ring, shared_memory");
+  }
   if (op == reduce_op::avg) scale_for_average(mine, comm.size());
   return mine;
+}
+
+/// Out of place: `out` receives my block of `in` reduced over every rank. Through the segment the
+/// rounds read `in` and write `out` directly; otherwise `in` is copied into scratch first (the ring
+/// works in place).
+template <element T>
+void reduce_scatter_out_of_place(communicator& comm, std::span<const T> in, std::span<T> out,
+                                 const block_layout& layout, reduce_op op, algorithm a, std::string_view name) {
+  if (a == algorithm::automatic) a = choose_reduce_scatter(comm, in.size_bytes());
+  const bool overlap =
+      !in.empty() && !out.empty() && in.data() < out.data() + out.size() && out.data() < in.data() + in.size();
+  if (a == algorithm::shared_memory && !overlap) {
+    require_one_node_segment(comm, name);
+    if (comm.size() > 1)
+      shared_memory_reduce_scatter(comm, in, layout, out, op);
+    else if (!out.empty())
+      std::memcpy(out.data(), in.data(), out.size_bytes());
+    if (op == reduce_op::avg) scale_for_average(out, comm.size());
+    return;
+  }
+  auto work = scratch<T>(in.size());
+  std::copy(in.begin(), in.end(), work.get());
+  reduce_scatter_in_place(comm, std::span<T>(work.get(), in.size()), layout, op, a, name);
+  std::copy_n(work.get() + layout.displ(comm.rank()), out.size(), out.begin());
 }
 
 template <element T>
@@ -203,7 +237,8 @@ inline void allreduce(communicator& comm, dtype type, const void* in, void* out,
 // ---- reduce_scatter ----------------------------------------------------------------------------
 
 /// Out of place: `in` holds p blocks of out.size() elements; `out` receives block `rank` reduced
-/// over every rank. Algorithms: automatic, ring.
+/// over every rank. Algorithms: automatic, ring, shared_memory (one node: in rounds through the
+/// communicator's segment, reading `in` and writing `out` directly).
 template <element T>
 void reduce_scatter(communicator& comm, std::span<const std::type_identity_t<T>> in, std::span<T> out, reduce_op op,
                     algorithm a = algorithm::automatic) {
@@ -212,14 +247,11 @@ void reduce_scatter(communicator& comm, std::span<const std::type_identity_t<T>>
   detail::require(
       in.size() == layout.total, comm, "reduce_scatter",
       "input of " + std::to_string(in.size()) + " elements; it needs ranks * output = " + std::to_string(layout.total));
-  auto work = detail::scratch<T>(in.size());
-  std::copy(in.begin(), in.end(), work.get());
-  detail::reduce_scatter_in_place(comm, std::span<T>(work.get(), in.size()), layout, op, a, "reduce_scatter");
-  std::copy_n(work.get() + layout.displ(comm.rank()), out.size(), out.begin());
+  detail::reduce_scatter_out_of_place(comm, in, out, layout, op, a, "reduce_scatter");
 }
 
 /// In place: `data` holds p equal blocks; returns block `rank` of `data`, reduced over every rank.
-/// The other blocks are left holding partial results.
+/// The other blocks are left holding partial results (or, through the segment, my own input).
 template <element T>
 std::span<T> reduce_scatter(communicator& comm, std::span<T> data, reduce_op op, algorithm a = algorithm::automatic) {
   const auto p = static_cast<std::size_t>(comm.size());
@@ -242,10 +274,7 @@ void reduce_scatter_v(communicator& comm, std::span<const std::type_identity_t<T
   detail::require(
       in.size() == layout.total, comm, "reduce_scatter_v",
       "input of " + std::to_string(in.size()) + " elements; the counts add up to " + std::to_string(layout.total));
-  auto work = detail::scratch<T>(in.size());
-  std::copy(in.begin(), in.end(), work.get());
-  detail::reduce_scatter_in_place(comm, std::span<T>(work.get(), in.size()), layout, op, a, "reduce_scatter_v");
-  std::copy_n(work.get() + layout.displ(comm.rank()), out.size(), out.begin());
+  detail::reduce_scatter_out_of_place(comm, in, out, layout, op, a, "reduce_scatter_v");
 }
 
 /// In place, uneven: returns block `rank` of `data` (at counts[0] + .. + counts[rank-1]), reduced.
@@ -257,11 +286,13 @@ std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<c
 }
 
 /// In place, uneven, with the result where the caller wants it: result_at::front leaves block `rank`,
-/// reduced over every rank, in data[0, counts[rank]) — the ring's last step writes its reduction
-/// there instead of at the block's own place, so a caller that keeps only its block (P -> S boxing)
-/// cuts the buffer down to it without moving counts[rank] elements. Returns that span. Every element
-/// past it holds partial results. Same cost as the other in-place form; result_at::my_block is it.
-/// Algorithms: automatic, ring (the only one).
+/// reduced over every rank, in data[0, counts[rank]) — the last reduction (the ring's last step, or
+/// each round's first one through the segment) writes there instead of at the block's own place, so
+/// a caller that keeps only its block (P -> S boxing) cuts the buffer down to it without moving
+/// counts[rank] elements. Returns that span. Every element past it holds partial results (the ring)
+/// or this rank's own input (shared_memory). Same cost as the other in-place form; result_at::my_block
+/// is it.
+/// Algorithms: automatic, ring, shared_memory.
 template <element T>
 std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<const std::size_t> counts, reduce_op op,
                               result_at where, algorithm a = algorithm::automatic) {

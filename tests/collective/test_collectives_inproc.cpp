@@ -96,27 +96,31 @@ TEST_P(inproc_collectives, reduce_scatter_and_v_match_the_oracle) {
         [&](communicator& comm) {
           const auto me = static_cast<std::size_t>(comm.rank());
           for (const auto& c : cases) {
-            for (bool uneven : {false, true}) {
-              const std::vector<std::size_t> counts =
-                  uneven ? uneven_counts(p, c.count) : std::vector<std::size_t>(static_cast<std::size_t>(p), c.count);
-              const block_layout layout = block_layout::of_counts(counts);
-              std::vector<T> input = make_input<T>(c.op, comm.rank(), layout.total);
-              std::vector<T> got;
-              if (c.in_place) {
-                std::span<T> mine = uneven ? reduce_scatter_v(comm, std::span(input), counts, c.op)
-                                           : reduce_scatter(comm, std::span(input), c.op, algorithm::ring);
-                EXPECT_EQ(mine.data(), input.data() + layout.displs[me]);
-                got.assign(mine.begin(), mine.end());
-              } else {
-                got.assign(counts[me], from_int<T>(99));
-                if (uneven)
-                  reduce_scatter_v(comm, std::span(input), std::span(got), counts, c.op, algorithm::ring);
-                else
-                  reduce_scatter(comm, std::span(input), std::span(got), c.op);
+            for (bool uneven : {false, true})
+              for (algorithm a : {algorithm::ring, algorithm::shared_memory, algorithm::automatic}) {
+                const std::vector<std::size_t> counts =
+                    uneven ? uneven_counts(p, c.count) : std::vector<std::size_t>(static_cast<std::size_t>(p), c.count);
+                const block_layout layout = block_layout::of_counts(counts);
+                std::vector<T> input = make_input<T>(c.op, comm.rank(), layout.total);
+                const std::vector<T> original = input;
+                std::vector<T> got;
+                if (c.in_place) {
+                  std::span<T> mine = uneven ? reduce_scatter_v(comm, std::span(input), counts, c.op, a)
+                                             : reduce_scatter(comm, std::span(input), c.op, a);
+                  EXPECT_EQ(mine.data(), input.data() + layout.displs[me]);
+                  got.assign(mine.begin(), mine.end());
+                } else {
+                  got.assign(counts[me], from_int<T>(99));
+                  if (uneven)
+                    reduce_scatter_v(comm, std::span<const T>(input), std::span(got), counts, c.op, a);
+                  else
+                    reduce_scatter(comm, std::span<const T>(input), std::span(got), c.op, a);
+                  EXPECT_EQ(input, original) << "out of place changed its input";
+                }
+                EXPECT_TRUE(same_elements(got, expected_reduction<T>(c.op, p, counts[me], layout.displs[me]),
+                                          describe<T>(c, comm, uneven ? "reduce_scatter_v" : "reduce_scatter") + " " +
+                                              std::string(name_of(a))));
               }
-              EXPECT_TRUE(same_elements(got, expected_reduction<T>(c.op, p, counts[me], layout.displs[me]),
-                                        describe<T>(c, comm, uneven ? "reduce_scatter_v" : "reduce_scatter")));
-            }
           }
         },
         test_config());
@@ -147,17 +151,18 @@ TEST_P(inproc_collectives, reduce_scatter_v_with_the_result_at_the_front_matches
               for (int r = 1; r < p; ++r) counts.push_back(2 * c.count + static_cast<std::size_t>(r));
               layouts.push_back(counts);
             }
-            for (const auto& counts : layouts) {
-              const block_layout layout = block_layout::of_counts(counts);
-              std::vector<T> input = make_input<T>(c.op, comm.rank(), layout.total);
-              const std::span<T> mine = reduce_scatter_v(comm, std::span(input), counts, c.op, result_at::front);
-              EXPECT_EQ(mine.data(), input.data());
-              EXPECT_EQ(mine.size(), counts[me]);
-              EXPECT_TRUE(same_elements(std::vector<T>(mine.begin(), mine.end()),
-                                        expected_reduction<T>(c.op, p, counts[me], layout.displs[me]),
-                                        describe<T>(c, comm, "reduce_scatter_v(result_at::front)") + " first block " +
-                                            std::to_string(counts[0])));
-            }
+            for (const auto& counts : layouts)
+              for (algorithm a : {algorithm::ring, algorithm::shared_memory}) {
+                const block_layout layout = block_layout::of_counts(counts);
+                std::vector<T> input = make_input<T>(c.op, comm.rank(), layout.total);
+                const std::span<T> mine = reduce_scatter_v(comm, std::span(input), counts, c.op, result_at::front, a);
+                EXPECT_EQ(mine.data(), input.data());
+                EXPECT_EQ(mine.size(), counts[me]);
+                EXPECT_TRUE(same_elements(std::vector<T>(mine.begin(), mine.end()),
+                                          expected_reduction<T>(c.op, p, counts[me], layout.displs[me]),
+                                          describe<T>(c, comm, "reduce_scatter_v(result_at::front)") + " " +
+                                              std::string(name_of(a)) + " first block " + std::to_string(counts[0])));
+              }
           }
         },
         test_config());
@@ -448,6 +453,14 @@ TEST(inproc_collective_contracts, shared_memory_across_nodes_is_a_usage_error_th
         expect_says_why([&] { allgather(comm, std::span(data), algorithm::shared_memory); },
                         "allgather(shared_memory)");
         expect_says_why([&] { alltoall(comm, std::span(data), algorithm::shared_memory); }, "alltoall(shared_memory)");
+        expect_says_why([&] { reduce_scatter(comm, std::span(data), reduce_op::sum, algorithm::shared_memory); },
+                        "reduce_scatter(shared_memory)");
+        expect_says_why(
+            [&] {
+              reduce_scatter_v(comm, std::span<const float>(data), std::span(out).first(2), counts, reduce_op::sum,
+                               algorithm::shared_memory);
+            },
+            "reduce_scatter_v(shared_memory)");
         expect_says_why(
             [&] {
               allgather_v_placed<float>(
@@ -497,8 +510,9 @@ TEST(inproc_collective_contracts, a_missing_rank_ends_in_a_timeout_not_a_hang) {
                  timeout_error)
         << name_of(a);
   }
-  // the shared-memory allgather and alltoall wait for the peer's round with the same deadline
-  for (bool gather : {true, false}) {
+  // the shared-memory allgather, alltoall and reduce_scatter wait for the peer's round with the same
+  // deadline
+  for (const std::string op : {"allgather", "alltoall", "reduce_scatter"}) {
     try {
       run_in_process(
           2,
@@ -506,19 +520,18 @@ TEST(inproc_collective_contracts, a_missing_rank_ends_in_a_timeout_not_a_hang) {
             std::vector<float> data(1 << 16, 1.0f);
             allreduce(comm, std::span(data), reduce_op::sum, algorithm::shared_memory);
             if (comm.rank() != 0) return;
-            if (gather)
+            if (op == "allgather")
               allgather(comm, std::span(data), algorithm::shared_memory);
-            else
+            else if (op == "alltoall")
               alltoall(comm, std::span(data), algorithm::shared_memory);
+            else
+              reduce_scatter(comm, std::span(data), reduce_op::sum, algorithm::shared_memory);
           },
           c);
-      ADD_FAILURE() << (gather ? "allgather" : "alltoall") << " did not time out";
+      ADD_FAILURE() << op << " did not time out";
     } catch (const timeout_error& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find(gather ? "allgather(shared_memory): rank 1 publishing round 0"
-                                 : "alltoall(shared_memory): rank 1 publishing round 0"),
-                std::string::npos)
-          << what;
+      EXPECT_NE(what.find(op + "(shared_memory): rank 1 publishing round 0"), std::string::npos) << what;
     }
   }
 }

@@ -32,6 +32,11 @@ static_assert(allgather_shared_memory_cost(3, 30).shm_steps == 2);
 static_assert(alltoall_shared_memory_cost(4, 4.0 * 1024 * 1024).shm_steps == 8);
 static_assert(alltoall_shared_memory_cost(4, 4.0 * 1024 * 1024).steps == 0);
 static_assert(alltoall_shared_memory_cost(1, 100).copy_bytes == 0);
+// reduce_scatter: 2 MiB over 2 ranks is 4 rounds of 256 KiB; half the buffer packed, half reduced
+static_assert(reduce_scatter_shared_memory_cost(2, 2.0 * 1024 * 1024).shm_steps == 8);
+static_assert(reduce_scatter_shared_memory_cost(2, 2.0 * 1024 * 1024).reduce_bytes == 1024.0 * 1024);
+static_assert(reduce_scatter_shared_memory_cost(4, 400).copy_bytes == 300);
+static_assert(reduce_scatter_shared_memory_cost(1, 100).shm_steps == 0);
 
 TEST(cost, seconds_weigh_each_term_with_its_channel) {
   const cost_params m{1e-6, 1e-9, 1e-10, 1e-7, 1e-11};

@@ -9,7 +9,7 @@
 // | ring               | x         | x                  | x             |           |        |          |         |
 // | halving_doubling   | x         |                    |               |           |        |          |         |
 // | hierarchical       | x         |                    |               |           |        |          |         |
-// | shared_memory      | x         |                    | x             |           |        | x        |         |
+// | shared_memory      | x         | x                  | x             |           |        | x        |         |
 // | recursive_doubling |           |                    | x             |           |        |          |         |
 // | chain              |           |                    |               | x         | x      |          |         |
 // | binomial_tree      |           |                    |               | x         | x      |          |         |

@@ -164,6 +164,15 @@ inline algorithm choose_alltoall(communicator& comm, std::size_t) {
   return detail::one_node_segment(comm) ? algorithm::shared_memory : algorithm::pairwise;
 }
 
+/// reduce_scatter(_v): on one node shared_memory whenever the segment exists (as for allgather: each
+/// rank reads its buffer once and reduces its block out of the peers' round buffers in cache, where
+/// the ring copies every block through the transport and reduces it on arrival), ring otherwise;
+/// collective, like choose_allgather.
+inline algorithm choose_reduce_scatter(communicator& comm, std::size_t) {
+  if (comm.size() == 1) return algorithm::ring;
+  return detail::one_node_segment(comm) ? algorithm::shared_memory : algorithm::ring;
+}
+
 /// broadcast: chain or binomial_tree, by cost.
 inline algorithm choose_broadcast(communicator& comm, std::size_t bytes) {
   const int p = comm.size();

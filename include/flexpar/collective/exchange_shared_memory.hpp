@@ -58,6 +58,17 @@ constexpr cost alltoall_shared_memory_cost(int p, double bytes) noexcept {
   return {.shm_steps = 2 * (rounds < 1 ? 1 : rounds), .copy_bytes = 2 * bytes};
 }
 
+/// reduce_scatter of a `bytes` buffer per rank over p ranks of one node through the segment: two
+/// flag hand-offs per round; (p-1)/p of the buffer packed into my round buffer (in cache) and reduced
+/// out of the peers' ((p-1) sections of my block's chunk), my block read once and my result written once.
+constexpr cost reduce_scatter_shared_memory_cost(int p, double bytes) noexcept {
+  if (p <= 1) return {};
+  const double section = static_cast<double>(std::min(staging{}.chunk_bytes, detail::alltoall_section_bytes(p)));
+  const double rounds = detail::ceil_div(bytes / p, section);
+  const double share = (p - 1) * bytes / p;
+  return {.reduce_bytes = share, .shm_steps = 2 * (rounds < 1 ? 1 : rounds), .copy_bytes = share};
+}
+
 }  // namespace flexpar
 
 namespace flexpar::detail {
@@ -260,6 +271,65 @@ void shared_memory_alltoall(communicator& comm, std::span<const T> in, std::span
                          out.size_bytes());
       },
       "alltoall(shared_memory)");
+}
+
+/// out = a (op) b, element by element, where `out` lies at or before `a` (a.data() - out.data() =
+/// gap >= 0) or apart from it: in pieces no longer than the gap, so that no piece overwrites an
+/// element of `a` that it has yet to read (a gap of 0 is in place).
+template <element T>
+void reduce_into_forward(std::span<T> out, std::span<const T> a, std::span<const T> b, reduce_op op) {
+  const bool apart = out.data() + out.size() <= a.data() || a.data() + a.size() <= out.data();
+  if (apart || out.data() == a.data()) {
+    reduce_into(out, a, b, op);
+    return;
+  }
+  const auto gap = static_cast<std::size_t>(a.data() - out.data());
+  for (std::size_t at = 0; at < out.size(); at += gap) {
+    const std::size_t m = std::min(gap, out.size() - at);
+    reduce_into(out.subspan(at, m), a.subspan(at, m), b.subspan(at, m), op);
+  }
+}
+
+/// reduce_scatter through the segment, in rounds of the alltoall's sections. Round k on rank r:
+///   fill:  copy chunk k of every peer q's block of `in` into section q of my round buffer;
+///   drain: for q = r+1, r+2, ...: chunk k of `out` = (chunk k of my block of `in`, for the first
+///          peer) (op) section r of q's round buffer.
+/// `out` (layout.count(r) elements) is apart from `in`, or is my block of `in` (in place), or lies
+/// before it at the front of `in` (result_at::front): chunk k of `out` then covers only elements
+/// of `in` that belong to chunks k or earlier of their blocks, which round k or an earlier one has
+/// packed, and my own chunk k is read piece by piece ahead of being overwritten. Every rank reduces
+/// its block in the same peer order (r+1, r+2, ...), so the result does not depend on timing.
+template <element T>
+void shared_memory_reduce_scatter(communicator& comm, std::span<const T> in, const block_layout& layout,
+                                  std::span<T> out, reduce_op op) {
+  const int p = comm.size(), me = comm.rank();
+  const std::size_t section = alltoall_section_bytes(p);
+  const round_chunks chunks = alltoall_round_chunks<T>(staging{}, p);
+  std::size_t rounds = 0;
+  for (int q = 0; q < p; ++q) rounds = std::max(rounds, chunks.rounds(layout.count(q)));
+  const std::span<const T> mine = layout.of(in, me);
+  const int first_peer = modulo(me + 1, p);
+  shared_memory_rounds(
+      comm, rounds, "reduce_scatter(shared_memory)",
+      [&](std::uint64_t k, std::span<std::byte> buffer) {
+        for (int q = 0; q < p; ++q) {
+          const std::size_t m = chunks.size(layout.count(q), k);
+          if (q != me && m != 0)
+            std::memcpy(buffer.data() + static_cast<std::size_t>(q) * section,
+                        layout.of(in, q).data() + k * chunks.chunk, m * sizeof(T));
+        }
+      },
+      [&](int q, std::uint64_t k, std::span<const std::byte> buffer) {
+        const std::size_t m = chunks.size(mine.size(), k);
+        if (m == 0) return;
+        const std::span<const T> theirs(
+            reinterpret_cast<const T*>(buffer.data() + static_cast<std::size_t>(me) * section), m);
+        const std::span<T> result = out.subspan(k * chunks.chunk, m);
+        if (q == first_peer)
+          reduce_into_forward(result, mine.subspan(k * chunks.chunk, m), theirs, op);
+        else
+          reduce_into(result, theirs, op);
+      });
 }
 
 }  // namespace flexpar::detail

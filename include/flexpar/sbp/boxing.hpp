@@ -177,9 +177,10 @@ void box_axis(axis_view<T>& v, partial<Op>, broadcast) {
   allreduce(v.comm, std::span<T>(v.local), Op);
 }
 
-/// P(op) -> S(i): reduce_scatter_v(op) in place with the result at the front of the buffer (the ring's
-/// last reduction writes my block there), then the buffer is cut down to my block: nothing moves
-/// beyond the bare reduce-scatter. When axis i is not the outermost, the rows of each destination are
+/// P(op) -> S(i): reduce_scatter_v(op) in place with the result at the front of the buffer (its last
+/// reduction writes my block there: the ring's last step, or each shared-memory round's first
+/// reduction on one node), then the buffer is cut down to my block: nothing moves beyond the bare
+/// reduce-scatter. When axis i is not the outermost, the rows of each destination are
 /// first packed into one contiguous block (one pass into a pooled buffer, which the reduce-scatter
 /// then works in).
 template <element T, reduce_op Op, int I>
