@@ -2,7 +2,8 @@
 //
 // For each boxing (P -> B, P -> S(0), S(0) -> B, S(1) -> B, S(0) -> S(1)) and logical size, the time
 // of to<To>(std::move(t)) next to its peers, all measured in the same run, interleaved (iteration i
-// runs every variant once, so load from other processes falls on all of them alike):
+// runs every variant once, starting at variant i mod V, so load from other processes and the cache
+// state one variant leaves for the next fall on all of them alike):
 //   - "bare": the flexpar collective doing the same data movement, on the communicator the boxing
 //     calls it on (the mesh axis's group), on buffers the caller owns and reuses (the best case of a
 //     hand-written program);
@@ -14,6 +15,11 @@
 //     are copied once, as the bare allgather copies them), for S(0) -> S(1) the pack of the blocks
 //     for the other ranks ((p-1)/p^2 n bytes: my own block is copied once, as the bare alltoall
 //     copies it); 0 where nothing is copied (P -> S(0) leaves my block at the front of the buffer).
+//   For P -> S(0) the bare is the out-of-place reduce_scatter_v into a reused buffer of my block (the
+//   data movement of the boxing: my block, reduced, in a buffer of its own); a second table sets the
+//   boxing next to the two in-place forms as well: my block left at its offset of the n-element
+//   buffer, and at its front (the call the boxing makes, on the buffer of a tensor made like the
+//   boxing's: same memory, same state, without the boxing).
 // Boxing tensors come from the placement's buffer pool (the input is made by from_full in the
 // untimed preparation, the result goes back to the pool untimed), as in a training step that boxes
 // the same shapes again and again. Each sample is the slowest rank's time of that iteration; the
@@ -47,12 +53,15 @@ struct variant {
   std::function<void()> prepare, run, finish;
 };
 
-/// Runs every variant once per iteration (interleaved), after `warmup` untimed iterations; returns
+/// Runs every variant once per iteration (interleaved, rotated), after `warmup` untimed iterations; returns
 /// the median over iterations of the slowest rank's time, per variant (microseconds).
 std::vector<double> measure(int warmup, int iters, const std::vector<variant>& variants) {
   std::vector<std::vector<double>> samples(variants.size());
   for (int i = 0; i < warmup + iters; ++i)
-    for (std::size_t v = 0; v < variants.size(); ++v) {
+    for (std::size_t j = 0; j < variants.size(); ++j) {
+      // rotated: iteration i starts at variant i mod V, so that each variant follows every other one
+      // alike (the cache and pool state a variant leaves behind falls on all of them)
+      const std::size_t v = (j + static_cast<std::size_t>(i)) % variants.size();
       variants[v].prepare();
       MPI_Barrier(MPI_COMM_WORLD);
       const auto start = std::chrono::steady_clock::now();
@@ -79,6 +88,12 @@ struct row {
   double boxed_us, bare_us, bare_alloc_us, pass_us;
 };
 
+/// P -> S(0) next to the three forms of the bare reduce-scatter (microseconds).
+struct forms {
+  std::size_t bytes;
+  double boxed_us, out_of_place_us, my_block_us, front_us;
+};
+
 /// to<To>(std::move(t)) of a tensor made by from_full (untimed), the result freed into the pool (untimed).
 template <class From, class To>
 variant boxing_of(const placement<1>& mesh, const shape_t& shape, const std::vector<float>& full) {
@@ -90,6 +105,19 @@ variant boxing_of(const placement<1>& mesh, const shape_t& shape, const std::vec
             t->reset();
             r->reset();
           }};
+}
+
+/// The call P -> S(0) makes, reduce_scatter_v(..., result_at::front), on the buffer of a tensor made
+/// by from_full like the boxing's (untimed): the same memory in the same state, without the boxing.
+variant front_on_tensor(const placement<1>& mesh, flexpar::communicator& axis, const shape_t& shape,
+                        const std::vector<float>& full, const std::vector<std::size_t>& counts) {
+  auto t = std::make_shared<std::optional<global_tensor<float, partial_sum>>>();
+  return {[t, &mesh, shape, &full] { t->emplace(global_tensor<float, partial_sum>::from_full(mesh, shape, full)); },
+          [t, &axis, &counts] {
+            flexpar::reduce_scatter_v(axis, (*t)->to_local(), std::span<const std::size_t>(counts),
+                                      flexpar::reduce_op::sum, flexpar::result_at::front);
+          },
+          [t] { t->reset(); }};
 }
 
 /// A warm memcpy of `n` floats (the extra pass some boxings make), as a variant.
@@ -127,6 +155,7 @@ int main(int argc, char** argv) {
     const int p = comm.size();
     const auto up = static_cast<std::size_t>(p);
     std::vector<row> rows;
+    std::vector<forms> reduce_scatter_forms;
     for (std::size_t bytes = flexpar::bench::parse_size(begin); bytes <= flexpar::bench::parse_size(end);
          bytes *= static_cast<std::size_t>(factor)) {
       const std::size_t cols = 256, n = bytes / sizeof(float) / cols / up * up;
@@ -146,25 +175,37 @@ int main(int argc, char** argv) {
               [&] { flexpar::allreduce(axis, std::span(fresh), flexpar::reduce_op::sum); }, [&] { fresh = {}; }}});
         rows.push_back({"P(sum) -> B", bytes, m[0], m[1], m[2], 0});
       }
-      {  // P -> S(0): reduce-scatter in place, my block left at the front of the buffer (nothing moves)
+      {  // P -> S(0): reduce-scatter, my block into a buffer of its own (the boxing leaves it at the front
+        // of the tensor's buffer, which is then cut down to it; nothing moves beyond the collective)
+        auto in_place = [&](flexpar::result_at where) {
+          return variant{[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
+                         [&, where] {
+                           flexpar::reduce_scatter_v(axis, std::span(buffer), std::span<const std::size_t>(even),
+                                                     flexpar::reduce_op::sum, where);
+                         },
+                         nothing};
+        };
         const auto m =
             measure(warmup, iters,
                     {boxing_of<partial_sum, split<0>>(mesh, shape, full),
                      {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
                       [&] {
-                        flexpar::reduce_scatter_v(axis, std::span(buffer), std::span<const std::size_t>(even),
-                                                  flexpar::reduce_op::sum);
+                        flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(out).first(block),
+                                                  std::span<const std::size_t>(even), flexpar::reduce_op::sum);
                       },
                       nothing},
                      {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
                       [&] {
-                        auto mine = flexpar::reduce_scatter_v(
-                            axis, std::span(buffer), std::span<const std::size_t>(even), flexpar::reduce_op::sum);
-                        fresh.assign(mine.begin(), mine.end());
+                        fresh = std::vector<float>(block);
+                        flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(fresh),
+                                                  std::span<const std::size_t>(even), flexpar::reduce_op::sum);
                       },
                       [&] { fresh = {}; }},
-                     memcpy_pass(scratch_a, scratch_b, 0)});
+                     memcpy_pass(scratch_a, scratch_b, 0),
+                     in_place(flexpar::result_at::my_block),
+                     front_on_tensor(mesh, axis, shape, full, even)});
         rows.push_back({"P(sum) -> S(0)", bytes, m[0], m[1], m[2], m[3]});
+        reduce_scatter_forms.push_back({bytes, m[0], m[1], m[4], m[5]});
       }
       // S(0) -> B and S(1) -> B: allgather (the second also places the received rows: (p-1)/p n bytes).
       // Each in its own interleaved group next to the bare allgather: measured in one group, the first
@@ -220,6 +261,16 @@ int main(int argc, char** argv) {
         std::printf("%-15s %9zu %10.1f %9.1f %10.1f %8.1f %7.2fx %7.2fx %8.2fx\n", r.boxing.c_str(), r.bytes,
                     r.boxed_us, r.bare_us, r.bare_alloc_us, r.pass_us, r.boxed_us / r.bare_us,
                     r.boxed_us / r.bare_alloc_us, r.boxed_us / (r.bare_us + r.pass_us));
+      std::printf(
+          "# P(sum) -> S(0) and the forms of the bare reduce_scatter_v: out of place (the bare above), in "
+          "place with my block left at its offset, in place with it at the front of a from_full tensor's buffer (the "
+          "call the boxing makes, on the memory it makes it on)\n");
+      std::printf("%9s %10s %12s %12s %10s %9s %9s %9s\n", "bytes", "boxing(us)", "out-of-pl(us)", "my_block(us)",
+                  "front(us)", "/out-pl", "/my_blk", "/front");
+      for (const forms& f : reduce_scatter_forms)
+        std::printf("%9zu %10.1f %12.1f %12.1f %10.1f %8.2fx %8.2fx %8.2fx\n", f.bytes, f.boxed_us, f.out_of_place_us,
+                    f.my_block_us, f.front_us, f.boxed_us / f.out_of_place_us, f.boxed_us / f.my_block_us,
+                    f.boxed_us / f.front_us);
       // what the boxing tensors' pool did over the whole run (untimed preparation included): a
       // reused buffer grown past its size is zeroed by std::vector, which `filled` counts
       const buffer_pool::statistics pool = mesh.pool().stats();
