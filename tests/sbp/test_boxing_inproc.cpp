@@ -113,6 +113,12 @@ TEST_P(boxing_1d, packed_layouts_stream_across_chunk_boundaries) {
             check_staged<split<0>, split<2>>(mesh, shape, stage, ++salt);
             check_staged<split<2>, split<0>>(mesh, shape, stage, ++salt);
           }
+        // S(1) -> B into a destination of 4 MiB and more, placed with streaming stores (each run's
+        // head and tail up to a line boundary through the cache): 256 and 255 columns, one chunk per
+        // block and chunks of 1 KiB
+        for (const shape_t& shape : {shape_t{4100, 256}, shape_t{4100, 255}})
+          for (const staging stage : {staging{}, staging{4096, 2, staged_path::shared_memory}})
+            check_staged<split<1>, broadcast>(mesh, shape, stage, ++salt);
       },
       flexpar::testing_support::with_timeout());
 }
