@@ -1,6 +1,6 @@
 // flexpar_sbp_bench — boxing next to the bare collective it calls, measured in one run.
 //
-// For each boxing (P -> B, P -> S(0), S(0) -> B, S(1) -> B, S(0) -> S(1)) and logical size, the time
+// For each boxing (P -> B, P -> S(0), P -> S(1), S(0) -> B, S(1) -> B, S(0) -> S(1)) and logical size, the time
 // of to<To>(std::move(t)) next to its peers, all measured in the same run, interleaved (iteration i
 // runs every variant once, starting at variant i mod V, so load from other processes and the cache
 // state one variant leaves for the next fall on all of them alike):
@@ -16,7 +16,7 @@
 //     are copied once, as the bare allgather copies them), for S(0) -> S(1) the pack of the blocks
 //     for the other ranks ((p-1)/p^2 n bytes: my own block is copied once, as the bare alltoall
 //     copies it); 0 where nothing is copied (P -> S(0) leaves my block at the front of the buffer).
-//   For P -> S(0) the bare is the out-of-place reduce_scatter_v into a reused buffer of my block (the
+//   For P -> S(0) and P -> S(1) the bare is the out-of-place reduce_scatter_v into a reused buffer of my block (the
 //   data movement of the boxing: my block, reduced, in a buffer of its own); a second table sets the
 //   boxing next to the two in-place forms as well: my block left at its offset of the n-element
 //   buffer, and at its front (the call the boxing makes, on the buffer of a tensor made like the
@@ -180,36 +180,48 @@ int main(int argc, char** argv) {
               [&] { flexpar::allreduce(axis, std::span(fresh), flexpar::reduce_op::sum); }, [&] { fresh = {}; }}});
         rows.push_back({"P(sum) -> B", bytes, m[0], m[1], m[2], 0});
       }
-      {  // P -> S(0): reduce-scatter, my block into a buffer of its own (the boxing leaves it at the front
-        // of the tensor's buffer, which is then cut down to it; nothing moves beyond the collective)
+      // P -> S(i): the bare is the out-of-place reduce_scatter_v of my block into a buffer of its own
+      // (reused, and fresh per call), the summand written in the preparation as from_full writes it
+      const auto write_full = [&] { std::copy(full.begin(), full.end(), buffer.begin()); };
+      auto bare_reduce_scatter = [&] {
+        return std::vector<variant>{
+            {write_full,
+             [&] {
+               flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(out).first(block),
+                                         std::span<const std::size_t>(even), flexpar::reduce_op::sum);
+             },
+             nothing},
+            {write_full,
+             [&] {
+               fresh = std::vector<float>(block);
+               flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(fresh),
+                                         std::span<const std::size_t>(even), flexpar::reduce_op::sum);
+             },
+             [&] { fresh = {}; }}};
+      };
+      {  // P -> S(0): the boxing leaves my block at the front of the tensor's buffer, which is then cut
+        // down to it (nothing moves beyond the collective); next to the in-place forms as well
         auto in_place = [&](flexpar::result_at where) {
-          return variant{[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
+          return variant{write_full,
                          [&, where] {
                            flexpar::reduce_scatter_v(axis, std::span(buffer), std::span<const std::size_t>(even),
                                                      flexpar::reduce_op::sum, where);
                          },
                          nothing};
         };
-        const auto m =
-            measure(warmup, iters,
-                    {boxing_of<partial_sum, split<0>>(mesh, shape, full),
-                     {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
-                      [&] {
-                        flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(out).first(block),
-                                                  std::span<const std::size_t>(even), flexpar::reduce_op::sum);
-                      },
-                      nothing},
-                     {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
-                      [&] {
-                        fresh = std::vector<float>(block);
-                        flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(fresh),
-                                                  std::span<const std::size_t>(even), flexpar::reduce_op::sum);
-                      },
-                      [&] { fresh = {}; }},
-                     in_place(flexpar::result_at::my_block),
-                     front_on_tensor(mesh, axis, shape, full, even)});
+        std::vector<variant> v{boxing_of<partial_sum, split<0>>(mesh, shape, full)};
+        for (variant& b : bare_reduce_scatter()) v.push_back(std::move(b));
+        v.push_back(in_place(flexpar::result_at::my_block));
+        v.push_back(front_on_tensor(mesh, axis, shape, full, even));
+        const auto m = measure(warmup, iters, v);
         rows.push_back({"P(sum) -> S(0)", bytes, m[0], m[1], m[2], 0});  // no pass: nothing moves
         reduce_scatter_forms.push_back({bytes, m[0], m[1], m[3], m[4]});
+      }
+      {  // P -> S(1): the rows of my columns are strided in every summand; the rounds pack them
+        std::vector<variant> v{boxing_of<partial_sum, split<1>>(mesh, shape, full)};
+        for (variant& b : bare_reduce_scatter()) v.push_back(std::move(b));
+        const auto m = measure(warmup, iters, v);
+        rows.push_back({"P(sum) -> S(1)", bytes, m[0], m[1], m[2], 0});
       }
       // S(0) -> B and S(1) -> B: allgather (the second also places the received rows: (p-1)/p n bytes).
       // Each in its own interleaved group next to the bare allgather: measured in one group, the first

@@ -123,6 +123,55 @@ TEST_P(boxing_1d, packed_layouts_stream_across_chunk_boundaries) {
       flexpar::testing_support::with_timeout());
 }
 
+// P -> S(i) with i an inner axis: on one node the shared-memory rounds read every rank's strided
+// rows where they lie and leave my block at the front of the buffer; with the transport the rows are
+// packed first. Every rank holds its own summand (small integers: the sum is exact), against the
+// serial reduction of all of them; chunks of 1, 5 and 40 elements take several rounds.
+template <reduce_op Op, int I>
+void check_partial_to_split(const placement<1>& mesh, const shape_t& shape, const staging& stage, int salt) {
+  using T = std::int32_t;
+  const int p = mesh.parent().size();
+  std::vector<T> expected = logical<T>(shape, salt);
+  for (int r = 1; r < p; ++r) {
+    const std::vector<T> other = logical<T>(shape, salt + 7 * r);
+    for (std::size_t e = 0; e < expected.size(); ++e)
+      expected[e] = Op == reduce_op::sum ? expected[e] + other[e] : std::max(expected[e], other[e]);
+  }
+  auto t = global_tensor<T, partial<Op>>::from_local(mesh, shape, logical<T>(shape, salt + 7 * mesh.parent().rank()));
+  axis_view<T> v{mesh.axis(0), shape, std::move(t).release(), mesh.pool(), stage};
+  box_axis(v, partial<Op>{}, split<I>{});
+  auto boxed = global_tensor<T, split<I>>::adopt(mesh, shape, std::move(v.local));
+  EXPECT_EQ(boxed.to_full(), expected) << to_string<partial<Op>>() << " -> " << to_string<split<I>>() << " "
+                                       << to_string(shape) << " chunk " << stage.chunk_bytes << " B, path "
+                                       << static_cast<int>(stage.path) << ", rank " << mesh.parent().rank();
+}
+
+TEST_P(boxing_1d, partial_to_inner_split_reduces_strided_rows_where_they_lie) {
+  run_in_process(
+      GetParam(),
+      [](communicator& comm) {
+        placement<1> mesh(comm, {comm.size()});
+        int salt = 0;
+        for (const shape_t& shape : {shape_t{7, 13, 5}, shape_t{11, 6, 3}, shape_t{2, 9, 1}, shape_t{0, 3, 2},
+                                     shape_t{5, 2, 4}, shape_t{3, 64, 2}})
+          for (const staging stage :
+               {staging{4, 2, staged_path::transport}, staging{4, 2, staged_path::shared_memory},
+                staging{20, 2, staged_path::shared_memory}, staging{160, 2, staged_path::shared_memory}, staging{}}) {
+            check_partial_to_split<reduce_op::sum, 1>(mesh, shape, stage, ++salt);
+            check_partial_to_split<reduce_op::sum, 2>(mesh, shape, stage, ++salt);
+            check_partial_to_split<reduce_op::sum, 0>(mesh, shape, stage, ++salt);
+            check_partial_to_split<reduce_op::max, 1>(mesh, shape, stage, ++salt);
+          }
+        // a summand of 4 MiB and more is read front to back, my own runs packed into my section too
+        // (smaller ones read mine in place): in rounds of outer indices, and in element chunks of 32
+        // elements, shorter than a run
+        for (const shape_t& shape : {shape_t{4100, 256}, shape_t{4100, 255}})
+          for (const staging stage : {staging{}, staging{128, 2, staged_path::shared_memory}})
+            check_partial_to_split<reduce_op::sum, 1>(mesh, shape, stage, ++salt);
+      },
+      flexpar::testing_support::with_timeout());
+}
+
 INSTANTIATE_TEST_SUITE_P(worlds, boxing_1d, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return std::string("p").append(std::to_string(info.param)); });
 

@@ -290,46 +290,75 @@ void reduce_into_forward(std::span<T> out, std::span<const T> a, std::span<const
   }
 }
 
-/// reduce_scatter through the segment, in rounds of the alltoall's sections. Round k on rank r:
-///   fill:  copy chunk k of every peer q's block of `in` into section q of my round buffer;
-///   drain: for q = r+1, r+2, ...: chunk k of `out` = (chunk k of my block of `in`, for the first
-///          peer) (op) section r of q's round buffer.
-/// `out` (layout.count(r) elements) is apart from `in`, or is my block of `in` (in place), or lies
-/// before it at the front of `in` (result_at::front): chunk k of `out` then covers only elements
-/// of `in` that belong to chunks k or earlier of their blocks, which round k or an earlier one has
-/// packed, and my own chunk k is read piece by piece ahead of being overwritten. Every rank reduces
-/// its block in the same peer order (r+1, r+2, ...), so the result does not depend on timing.
+/// reduce_scatter through the segment, packed by the caller, in rounds of the alltoall's sections.
+/// piece(q, k) is where round k's chunk of block q lies in that block (the same function on every
+/// rank, each piece at most a section; `rounds` the same on every rank). Round k on rank r:
+///   fill:  pack(k, sections) writes chunk k of every peer q's block into sections[q] of my round
+///          buffer (sections[q].size() = piece(q, k).count), in whatever order reads my data best;
+///          it may write my own chunk into sections[r] as well;
+///   drain: for q = r+1, r+2, ...: my chunk of `out` (piece(r, k)) (op)= section r of q's buffer;
+///          for the first peer, first(k, chunk of `out`, sections[r], theirs) writes it as my chunk
+///          k (from my data, or from my own section where pack put it) (op) theirs.
+/// `out` (the length of my block) is apart from my data, or my block itself, or lies before it at
+/// the front of the buffer the blocks lie in (result_at::front): then round k may overwrite only
+/// elements that rounds k and earlier have packed (every layout here keeps each element at or after
+/// its index in its block), and a `first` that reads my data in place reduces forward in pieces
+/// ahead of overwriting (reduce_into_forward). Every rank reduces its block in the same peer order
+/// (r+1, r+2, ...), so the result does not depend on timing.
+template <element T, class Piece, class Pack, class First>
+void shared_memory_reduce_scatter_packed(communicator& comm, std::size_t rounds, Piece&& piece, Pack&& pack,
+                                         First&& first, std::span<T> out, reduce_op op, const char* op_name) {
+  const int p = comm.size(), me = comm.rank();
+  const std::size_t section = alltoall_section_bytes(p);
+  const int first_peer = modulo(me + 1, p);
+  std::vector<std::span<T>> sections(static_cast<std::size_t>(p));
+  shared_memory_rounds(
+      comm, rounds, op_name,
+      [&](std::uint64_t k, std::span<std::byte> buffer) {
+        for (int q = 0; q < p; ++q)
+          sections[static_cast<std::size_t>(q)] = std::span<T>(
+              reinterpret_cast<T*>(buffer.data() + static_cast<std::size_t>(q) * section), piece(q, k).count);
+        pack(k, std::span<const std::span<T>>(sections));
+      },
+      [&](int q, std::uint64_t k, std::span<const std::byte> buffer) {
+        const round_piece own = piece(me, k);
+        if (own.count == 0) return;
+        const std::span<const T> theirs(
+            reinterpret_cast<const T*>(buffer.data() + static_cast<std::size_t>(me) * section), own.count);
+        const std::span<T> result = out.subspan(own.offset, own.count);
+        if (q == first_peer)
+          first(k, result, std::span<const T>(sections[static_cast<std::size_t>(me)]), theirs);
+        else
+          reduce_into(result, theirs, op);
+      });
+}
+
+/// reduce_scatter of the contiguous blocks of `in` (layout) through the segment, in element chunks
+/// of the alltoall's sections: round k copies chunk k of every peer's block into its section and
+/// reduces my chunk k from `in` itself. `out` is apart from `in`, or my block of it (in place), or
+/// its front (result_at::front: every element lies at or after its index in its block).
 template <element T>
 void shared_memory_reduce_scatter(communicator& comm, std::span<const T> in, const block_layout& layout,
                                   std::span<T> out, reduce_op op) {
   const int p = comm.size(), me = comm.rank();
-  const std::size_t section = alltoall_section_bytes(p);
   const round_chunks chunks = alltoall_round_chunks<T>(staging{}, p);
   std::size_t rounds = 0;
   for (int q = 0; q < p; ++q) rounds = std::max(rounds, chunks.rounds(layout.count(q)));
   const std::span<const T> mine = layout.of(in, me);
-  const int first_peer = modulo(me + 1, p);
-  shared_memory_rounds(
-      comm, rounds, "reduce_scatter(shared_memory)",
-      [&](std::uint64_t k, std::span<std::byte> buffer) {
+  auto piece = element_pieces(chunks, [&](int q, int) { return layout.count(q); });
+  shared_memory_reduce_scatter_packed<T>(
+      comm, rounds, [&](int q, std::uint64_t k) { return piece(q, q, k); },
+      [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (int q = 0; q < p; ++q) {
-          const std::size_t m = chunks.size(layout.count(q), k);
-          if (q != me && m != 0)
-            std::memcpy(buffer.data() + static_cast<std::size_t>(q) * section,
-                        layout.of(in, q).data() + k * chunks.chunk, m * sizeof(T));
+          const std::span<T> to = sections[static_cast<std::size_t>(q)];
+          if (q != me && !to.empty())
+            std::memcpy(to.data(), layout.of(in, q).data() + k * chunks.chunk, to.size_bytes());
         }
       },
-      [&](int q, std::uint64_t k, std::span<const std::byte> buffer) {
-        const std::size_t m = chunks.size(mine.size(), k);
-        if (m == 0) return;
-        const std::span<const T> theirs(
-            reinterpret_cast<const T*>(buffer.data() + static_cast<std::size_t>(me) * section), m);
-        const std::span<T> result = out.subspan(k * chunks.chunk, m);
-        if (q == first_peer)
-          reduce_into_forward(result, mine.subspan(k * chunks.chunk, m), theirs, op);
-        else
-          reduce_into(result, theirs, op);
-      });
+      [&](std::uint64_t k, std::span<T> result, std::span<const T>, std::span<const T> theirs) {
+        reduce_into_forward(result, mine.subspan(k * chunks.chunk, result.size()), theirs, op);
+      },
+      out, op, "reduce_scatter(shared_memory)");
 }
 
 }  // namespace flexpar::detail

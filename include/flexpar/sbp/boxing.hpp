@@ -177,20 +177,112 @@ void box_axis(axis_view<T>& v, partial<Op>, broadcast) {
   allreduce(v.comm, std::span<T>(v.local), Op);
 }
 
+namespace detail {
+
+/// P(op) -> S(i) with i not the outermost axis, among the ranks of one node: a reduce-scatter through
+/// the shared-memory segment (shared_memory_reduce_scatter_packed) that reads the destinations' rows
+/// where they lie in my summand ([outer, rows, inner]: block q = rows[q] of every outer index, one
+/// run of length_q = rows[q].count * inner elements per outer index) and leaves my block at the
+/// front of the buffer.
+///   rounds: R outer indices each (R runs of the widest block fit a chunk: v.stage.chunk_bytes, at
+///           most a section); round k packs outer indices [kR, kR + R) in memory order, each one's
+///           run for every rank in turn;
+///   mine:   a summand of streaming_min_bytes or more (read from memory) has my runs packed into
+///           my own section too, so that it is read once, front to back, as the bare
+///           reduce-scatter reads its input (reading my runs in the drain instead skipped half of
+///           every row twice: 1.7-2x of the bare at 16-64 MiB); a smaller one (in cache) has them
+///           reduced where they lie, forward, run by run (no copy);
+///   drain:  my chunk k (op) the peers' sections -> the front.
+/// Round k writes elements of outer indices below (k+1)R only (my block's index o * length_me + w
+/// lies at o * rows * inner + ... >= it), all of them packed by then. When not even one outer index
+/// fits a chunk (huge runs), the rounds take element chunks of each block instead, packed block by
+/// block: element j of a block lies at or after position j, so chunk k again writes only what chunks
+/// k and earlier have packed.
+template <class T>
+void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::vector<part>& parts,
+                                 const std::vector<std::size_t>& counts, reduce_op op) {
+  const int p = v.comm.size(), me = v.comm.rank();
+  const auto up = static_cast<std::size_t>(p);
+  const std::span<T> data(v.local);
+  const std::span<T> out = data.first(counts[static_cast<std::size_t>(me)]);
+  const char* name = "boxing P -> S(i) (shared_memory)";
+  // a summand in cache is read in place (copying my own runs would be one more pass); one in memory
+  // is read front to back by the pack, my runs into my own section
+  const bool mine_in_place = data.size_bytes() < flexpar::detail::streaming_min_bytes;
+  const auto um = static_cast<std::size_t>(me);
+  auto reduce_mine = [&](std::uint64_t, std::span<T> result, std::span<const T> my_section, std::span<const T> theirs) {
+    if (!mine_in_place) {
+      flexpar::reduce_into(result, my_section, theirs, op);
+      return;
+    }
+    const std::size_t from = static_cast<std::size_t>(result.data() - out.data());
+    for_each_run(a, parts[um], from, result.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
+      flexpar::detail::reduce_into_forward(result.subspan(done, m), std::span<const T>(data.data() + at, m),
+                                           theirs.subspan(done, m), op);
+    });
+  };
+  std::size_t widest = 0;
+  for (const part& r : parts) widest = std::max(widest, r.count * a.inner);
+  const std::size_t budget = std::min(v.stage.chunk_bytes, flexpar::detail::alltoall_section_bytes(p)) / sizeof(T);
+  const std::size_t per_round = widest == 0 ? 0 : budget / widest;  // R
+  if (per_round > 0) {
+    const std::size_t stride = a.rows * a.inner;
+    auto piece = [&, per_round](int q, std::uint64_t k) {
+      const std::size_t first = k * per_round, run = parts[static_cast<std::size_t>(q)].count * a.inner;
+      return flexpar::detail::round_piece{first * run,
+                                          first < a.outer ? std::min(per_round, a.outer - first) * run : 0};
+    };
+    flexpar::detail::shared_memory_reduce_scatter_packed<T>(
+        v.comm, (a.outer + per_round - 1) / per_round, piece,
+        [&](std::uint64_t k, std::span<const std::span<T>> sections) {
+          const std::size_t first = k * per_round, last = std::min(first + per_round, a.outer);
+          for (std::size_t o = first; o < last; ++o)
+            for (std::size_t q = 0; q < up; ++q) {
+              const std::size_t run = parts[q].count * a.inner;
+              if (run != 0 && !(mine_in_place && q == um))
+                std::memcpy(sections[q].data() + (o - first) * run,
+                            data.data() + o * stride + parts[q].offset * a.inner, run * sizeof(T));
+            }
+        },
+        reduce_mine, out, op, name);
+    return;
+  }
+  const flexpar::detail::round_chunks chunks = flexpar::detail::alltoall_round_chunks<T>(v.stage, p);
+  std::size_t rounds = 0;
+  for (const std::size_t n : counts) rounds = std::max(rounds, chunks.rounds(n));
+  auto piece = flexpar::detail::element_pieces(chunks, [&](int q, int) { return counts[static_cast<std::size_t>(q)]; });
+  flexpar::detail::shared_memory_reduce_scatter_packed<T>(
+      v.comm, rounds, [&](int q, std::uint64_t k) { return piece(q, q, k); },
+      [&](std::uint64_t k, std::span<const std::span<T>> sections) {
+        for (std::size_t q = 0; q < up; ++q)
+          if (!sections[q].empty() && !(mine_in_place && q == um))
+            pack_piece<T>(std::span<const T>(data), a, parts[q], k * chunks.chunk, sections[q]);
+      },
+      reduce_mine, out, op, name);
+}
+
+}  // namespace detail
+
 /// P(op) -> S(i): reduce_scatter_v(op) in place with the result at the front of the buffer (its last
 /// reduction writes my block there: the ring's last step, or each shared-memory round's first
 /// reduction on one node), then the buffer is cut down to my block: nothing moves beyond the bare
-/// reduce-scatter. When axis i is not the outermost, the rows of each destination are
-/// first packed into one contiguous block (one pass into a pooled buffer, which the reduce-scatter
-/// then works in).
+/// reduce-scatter. When axis i is not the outermost, the destinations' rows are strided in my
+/// summand: on one node the shared-memory rounds pack them straight from where they lie
+/// (detail::reduce_scatter_strided_rows); across nodes (or with v.stage.path transport) the rows of
+/// each destination are first packed into one contiguous block (one pass into a pooled buffer,
+/// which the ring then works in).
 template <element T, reduce_op Op, int I>
 void box_axis(axis_view<T>& v, partial<Op>, split<I>) {
   const detail::around a(v.group_shape, I);
   const auto parts = detail::parts_of(a.rows, v.comm.size());
   std::vector<std::size_t> counts(parts.size());
-  if (a.outer == 1) {
-    for (std::size_t j = 0; j < parts.size(); ++j) counts[j] = parts[j].count * a.inner;
-  } else {
+  for (std::size_t j = 0; j < parts.size(); ++j) counts[j] = a.outer * parts[j].count * a.inner;
+  if (a.outer != 1 && flexpar::detail::through_shared_memory(v.comm, v.stage, "boxing P -> S(i)")) {
+    detail::reduce_scatter_strided_rows<T>(v, a, parts, counts, Op);
+    v.local.resize(counts[static_cast<std::size_t>(v.comm.rank())]);  // my block is the front
+    return;
+  }
+  if (a.outer != 1) {
     std::vector<T> packed = v.pool.template acquire<T>(v.local.size());
     counts = detail::pack_rows<T>(v.local, a, parts, packed);
     v.pool.give_back(std::move(v.local));
