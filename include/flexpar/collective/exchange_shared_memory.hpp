@@ -273,21 +273,27 @@ void shared_memory_alltoall(communicator& comm, std::span<const T> in, std::span
       "alltoall(shared_memory)");
 }
 
-/// out = a (op) b, element by element, where `out` lies at or before `a` (a.data() - out.data() =
-/// gap >= 0) or apart from it: in pieces no longer than the gap, so that no piece overwrites an
-/// element of `a` that it has yet to read (a gap of 0 is in place).
-template <element T>
-void reduce_into_forward(std::span<T> out, std::span<const T> a, std::span<const T> b, reduce_op op) {
-  const bool apart = out.data() + out.size() <= a.data() || a.data() + a.size() <= out.data();
-  if (apart || out.data() == a.data()) {
-    reduce_into(out, a, b, op);
+/// dst = a (f) b for n elements, where `dst` lies at or before `a` (a - dst = gap >= 0) or apart
+/// from it: in pieces no longer than the gap, so that no piece overwrites an element of `a` that it
+/// has yet to read (a gap of 0 is in place). The kernel call of reduce_into_forward, for callers
+/// that visit the op once for many short runs.
+template <element T, class Op>
+void reduce_elements_forward(T* dst, const T* a, const T* b, std::size_t n, Op f) noexcept {
+  if (dst + n <= a || a + n <= dst || dst == a) {
+    reduce_elements(dst, a, b, n, f);
     return;
   }
-  const auto gap = static_cast<std::size_t>(a.data() - out.data());
-  for (std::size_t at = 0; at < out.size(); at += gap) {
-    const std::size_t m = std::min(gap, out.size() - at);
-    reduce_into(out.subspan(at, m), a.subspan(at, m), b.subspan(at, m), op);
-  }
+  const auto gap = static_cast<std::size_t>(a - dst);
+  for (std::size_t at = 0; at < n; at += gap) reduce_elements(dst + at, a + at, b + at, std::min(gap, n - at), f);
+}
+
+/// out = a (op) b, element by element, where `out` lies at or before `a` or apart from it
+/// (reduce_elements_forward).
+template <element T>
+void reduce_into_forward(std::span<T> out, std::span<const T> a, std::span<const T> b, reduce_op op) {
+  check_same_length("reduce_into_forward", out.size(), a.size());
+  check_same_length("reduce_into_forward", out.size(), b.size());
+  visit_op(op, [&](auto f) { reduce_elements_forward(out.data(), a.data(), b.data(), out.size(), f); });
 }
 
 /// reduce_scatter through the segment, packed by the caller, in rounds of the alltoall's sections.

@@ -216,9 +216,10 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
       return;
     }
     const std::size_t from = static_cast<std::size_t>(result.data() - out.data());
-    for_each_run(a, parts[um], from, result.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
-      flexpar::detail::reduce_into_forward(result.subspan(done, m), std::span<const T>(data.data() + at, m),
-                                           theirs.subspan(done, m), op);
+    flexpar::detail::visit_op(op, [&](auto f) {  // once, not per run (runs of a few hundred bytes)
+      for_each_run(a, parts[um], from, result.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
+        flexpar::detail::reduce_elements_forward(result.data() + done, data.data() + at, theirs.data() + done, m, f);
+      });
     });
   };
   std::size_t widest = 0;
@@ -282,7 +283,7 @@ void box_axis(axis_view<T>& v, partial<Op>, split<I>) {
     v.local.resize(counts[static_cast<std::size_t>(v.comm.rank())]);  // my block is the front
     return;
   }
-  if (a.outer != 1) {
+  if (a.outer != 1 && v.comm.size() > 1) {  // one rank: my block is all of it, in its order already
     std::vector<T> packed = v.pool.template acquire<T>(v.local.size());
     counts = detail::pack_rows<T>(v.local, a, parts, packed);
     v.pool.give_back(std::move(v.local));
