@@ -14,8 +14,10 @@
 //   - "pass": a memcpy of the bytes the boxing copies beyond the collective, on warm buffers: for
 //     S(1) -> B the placing of the received rows from the staging slots ((p-1)/p n bytes: my own rows
 //     are copied once, as the bare allgather copies them), for S(0) -> S(1) the pack of the blocks
-//     for the other ranks ((p-1)/p^2 n bytes: my own block is copied once, as the bare alltoall
-//     copies it); 0 where nothing is copied (P -> S(0) leaves my block at the front of the buffer).
+//     for the other ranks ((p-1)/p^2 n bytes; on one node the rounds pack them where the bare packs
+//     its contiguous blocks, and copy my own block once where the bare copies it twice: so the pass
+//     is an upper bound there); 0 where nothing is copied (P -> S(0) leaves my block at the front of
+//     the buffer).
 //   For P -> S(0) and P -> S(1) the bare is the out-of-place reduce_scatter_v into a reused buffer of my block (the
 //   data movement of the boxing: my block, reduced, in a buffer of its own); a second table sets the
 //   boxing next to the two in-place forms as well: my block left at its offset of the n-element
