@@ -29,7 +29,7 @@
 // tables print medians after `--warmup` untimed iterations, and the ratios boxing / bare,
 // boxing / bare+alloc and boxing / (bare + pass).
 //
-//   mpiexec -n 2 flexpar_sbp_bench [-b 1M] [-e 16M] [-f 4] [--iters 20] [--warmup 3]
+//   mpiexec -n 2 flexpar_sbp_bench [-b 1M] [-e 16M] [-f 4] [--iters 20] [--warmup 3] [--cols 256]
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -138,11 +138,14 @@ int main(int argc, char** argv) {
   CLI::App app{"flexpar_sbp_bench: boxing next to the bare collective it calls"};
   std::string begin = "1M", end = "16M";
   int factor = 4, iters = 20, warmup = 3;
+  std::size_t cols = 256;
   app.add_option("-b,--minbytes", begin, "smallest logical tensor (bytes, K/M/G)");
   app.add_option("-e,--maxbytes", end, "largest logical tensor");
   app.add_option("-f,--stepfactor", factor, "size multiplier between rows");
   app.add_option("--iters", iters, "measured iterations per row")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed iterations before them")->check(CLI::NonNegativeNumber);
+  app.add_option("--cols", cols, "columns of the [n, cols] tensors (S(1)'s runs: cols / p elements)")
+      ->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -161,7 +164,7 @@ int main(int argc, char** argv) {
     std::vector<forms> reduce_scatter_forms;
     for (std::size_t bytes = flexpar::bench::parse_size(begin); bytes <= flexpar::bench::parse_size(end);
          bytes *= static_cast<std::size_t>(factor)) {
-      const std::size_t cols = 256, n = bytes / sizeof(float) / cols / up * up;
+      const std::size_t n = bytes / sizeof(float) / cols / up * up;
       const shape_t shape{n, cols};
       const std::size_t count = n * cols, block = count / up;
       const std::vector<float> full(count, 1.0f), shard(block, 1.0f);
@@ -270,9 +273,9 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) {
       std::printf(
-          "# flexpar_sbp_bench: %d ranks, f32 tensors [n, 256], interleaved, median of %d after %d warm-up, "
+          "# flexpar_sbp_bench: %d ranks, f32 tensors [n, %zu], interleaved, median of %d after %d warm-up, "
           "slowest rank per iteration\n",
-          p, iters, warmup);
+          p, cols, iters, warmup);
       std::printf("%-15s %9s %10s %9s %10s %8s %8s %8s %9s\n", "boxing", "bytes", "boxing(us)", "bare(us)",
                   "+alloc(us)", "pass(us)", "/bare", "/+alloc", "/bare+pass");
       for (const row& r : rows)
