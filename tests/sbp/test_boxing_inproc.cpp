@@ -120,11 +120,12 @@ TEST_P(boxing_1d, packed_layouts_stream_across_chunk_boundaries) {
           for (const staging stage : {staging{}, staging{4096, 2, staged_path::shared_memory}})
             check_staged<split<1>, broadcast>(mesh, shape, stage, ++salt);
         // S(0) -> S(1) with a result of 4 MiB and more on every rank: my own block goes from my shard
-        // into the result with streaming stores, in the rounds' pack (4 198 400 bytes a rank); 255
-        // columns give 4 182 000 bytes, just under (through the cache). S(2) -> S(1) and S(1) -> S(2)
-        // of [65600, 9, 8] stream it into a result where its runs are strided (at least 4 198 400
-        // bytes a rank on 1-4 ranks), the first also cutting each run of my shard across several of
-        // the result's
+        // into the result with streaming stores, in the rounds' pack (4 198 400 bytes a rank). With
+        // 255 columns results lie just under (through the cache): 4 182 000 bytes on 1 and 3 ranks;
+        // on 2 and 4 ranks the ranks with a narrower block lie under, the others over. S(2) -> S(1)
+        // and S(1) -> S(2) of [65600, 9, 8] stream it into a result where its runs are strided (at
+        // least 4 198 400 bytes a rank on 1-4 ranks), the first also cutting each run of my shard
+        // across several of the result's
         const std::size_t rows = 4100 * static_cast<std::size_t>(comm.size());
         for (const staging stage : {staging{}, staging{4096, 2, staged_path::shared_memory}}) {
           for (const shape_t& shape : {shape_t{rows, 256}, shape_t{rows, 255}})
