@@ -27,9 +27,11 @@
 // untimed preparation, the result goes back to the pool untimed), as in a training step that boxes
 // the same shapes again and again. Each sample is the slowest rank's time of that iteration; the
 // tables print medians after `--warmup` untimed iterations, and the ratios boxing / bare,
-// boxing / bare+alloc and boxing / (bare + pass).
+// boxing / bare+alloc and boxing / (bare + pass). With --repeat R the tables are measured R times,
+// every size in turn, and a last table gives each row's median ratio and range over the repeats (on
+// a shared machine one run's medians of a few percent apart say little).
 //
-//   mpiexec -n 2 flexpar_sbp_bench [-b 1M] [-e 16M] [-f 4] [--iters 20] [--warmup 3] [--cols 256]
+//   mpiexec -n 2 flexpar_sbp_bench [-b 1M] [-e 16M] [-f 4] [--iters 20] [--warmup 3] [--cols 256] [--repeat 1]
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -128,6 +130,41 @@ variant memcpy_pass(std::vector<float>& from, std::vector<float>& to, std::size_
   return {nothing, [&from, &to, n] { std::memcpy(to.data(), from.data(), n * sizeof(float)); }, nothing};
 }
 
+/// The median of `v` (sorted in place); for an even count the upper middle, as measure() takes it.
+double median_of(std::vector<double>& v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+/// Over --repeat runs of the whole table (every size in turn, so that a slow spell of the machine
+/// falls on all rows alike): per row, the median and the range of boxing / bare, and the medians of
+/// boxing / bare+alloc and boxing / (bare + pass).
+void print_over_repeats(const std::vector<std::vector<row>>& repeats,
+                        const std::vector<std::vector<forms>>& form_repeats) {
+  std::printf("# over %zu repeats: per row the median and range of the repeats' ratios\n", repeats.size());
+  std::printf("%-15s %9s %8s %15s %8s %10s\n", "boxing", "bytes", "/bare", "/bare range", "/+alloc", "/bare+pass");
+  for (std::size_t i = 0; i < repeats.front().size(); ++i) {
+    std::vector<double> bare, alloc, pass;
+    for (const std::vector<row>& rows : repeats) {
+      const row& r = rows[i];
+      bare.push_back(r.boxed_us / r.bare_us);
+      alloc.push_back(r.boxed_us / r.bare_alloc_us);
+      pass.push_back(r.boxed_us / (r.bare_us + r.pass_us));
+    }
+    const double mid = median_of(bare);
+    std::printf("%-15s %9zu %7.2fx %7.2f-%5.2fx %7.2fx %9.2fx\n", repeats.front()[i].boxing.c_str(),
+                repeats.front()[i].bytes, mid, bare.front(), bare.back(), median_of(alloc), median_of(pass));
+  }
+  std::printf("# P(sum) -> S(0) against the in-place call it makes (front), over the repeats\n");
+  std::printf("%9s %8s %15s\n", "bytes", "/front", "/front range");
+  for (std::size_t i = 0; i < form_repeats.front().size(); ++i) {
+    std::vector<double> front;
+    for (const std::vector<forms>& f : form_repeats) front.push_back(f[i].boxed_us / f[i].front_us);
+    const double mid = median_of(front);
+    std::printf("%9zu %7.2fx %7.2f-%5.2fx\n", form_repeats.front()[i].bytes, mid, front.front(), front.back());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -137,13 +174,17 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   CLI::App app{"flexpar_sbp_bench: boxing next to the bare collective it calls"};
   std::string begin = "1M", end = "16M";
-  int factor = 4, iters = 20, warmup = 3;
+  int factor = 4, iters = 20, warmup = 3, repeat = 1;
   std::size_t cols = 256;
   app.add_option("-b,--minbytes", begin, "smallest logical tensor (bytes, K/M/G)");
   app.add_option("-e,--maxbytes", end, "largest logical tensor");
   app.add_option("-f,--stepfactor", factor, "size multiplier between rows");
   app.add_option("--iters", iters, "measured iterations per row")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed iterations before them")->check(CLI::NonNegativeNumber);
+  app.add_option("--repeat", repeat,
+                 "measure every row this many times, all sizes in turn; then print the ratios' medians and "
+                 "ranges over the repeats")
+      ->check(CLI::PositiveNumber);
   app.add_option("--cols", cols, "columns of the [n, cols] tensors (S(1)'s runs: cols / p elements)")
       ->check(CLI::PositiveNumber);
   try {
@@ -160,144 +201,151 @@ int main(int argc, char** argv) {
     flexpar::communicator& axis = mesh.axis(0);
     const int p = comm.size();
     const auto up = static_cast<std::size_t>(p);
-    std::vector<row> rows;
-    std::vector<forms> reduce_scatter_forms;
-    for (std::size_t bytes = flexpar::bench::parse_size(begin); bytes <= flexpar::bench::parse_size(end);
-         bytes *= static_cast<std::size_t>(factor)) {
-      const std::size_t n = bytes / sizeof(float) / cols / up * up;
-      const shape_t shape{n, cols};
-      const std::size_t count = n * cols, block = count / up;
-      const std::vector<float> full(count, 1.0f), shard(block, 1.0f);
-      // my shard as the bare allgather's and alltoall's input, written before each call as from_full
-      // writes the boxing's (so both start from a shard just written)
-      std::vector<float> mine(block);
-      const auto write_mine = [&] { std::copy(shard.begin(), shard.end(), mine.begin()); };
-      std::vector<float> buffer(count), out(count), fresh, scratch_a(count, 1.0f), scratch_b(count, 1.0f);
-      const std::vector<std::size_t> even(up, block);
+    std::vector<std::vector<row>> repeats;  // every repeat's rows, in one order
+    std::vector<std::vector<forms>> form_repeats;
+    for (int rep = 0; rep < repeat; ++rep) {
+      std::vector<row> rows;
+      std::vector<forms> reduce_scatter_forms;
+      for (std::size_t bytes = flexpar::bench::parse_size(begin); bytes <= flexpar::bench::parse_size(end);
+           bytes *= static_cast<std::size_t>(factor)) {
+        const std::size_t n = bytes / sizeof(float) / cols / up * up;
+        const shape_t shape{n, cols};
+        const std::size_t count = n * cols, block = count / up;
+        const std::vector<float> full(count, 1.0f), shard(block, 1.0f);
+        // my shard as the bare allgather's and alltoall's input, written before each call as from_full
+        // writes the boxing's (so both start from a shard just written)
+        std::vector<float> mine(block);
+        const auto write_mine = [&] { std::copy(shard.begin(), shard.end(), mine.begin()); };
+        std::vector<float> buffer(count), out(count), fresh, scratch_a(count, 1.0f), scratch_b(count, 1.0f);
+        const std::vector<std::size_t> even(up, block);
 
-      {  // P -> B: allreduce, in place
-        const auto m = measure(
-            warmup, iters,
-            {boxing_of<partial_sum, broadcast>(mesh, shape, full),
-             {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
-              [&] { flexpar::allreduce(axis, std::span(buffer), flexpar::reduce_op::sum); }, nothing},
-             {[&] { fresh = std::vector<float>(full); },
-              [&] { flexpar::allreduce(axis, std::span(fresh), flexpar::reduce_op::sum); }, [&] { fresh = {}; }}});
-        rows.push_back({"P(sum) -> B", bytes, m[0], m[1], m[2], 0});
-      }
-      // P -> S(i): the bare is the out-of-place reduce_scatter_v of my block into a buffer of its own
-      // (reused, and fresh per call), the summand written in the preparation as from_full writes it
-      const auto write_full = [&] { std::copy(full.begin(), full.end(), buffer.begin()); };
-      auto bare_reduce_scatter = [&] {
-        return std::vector<variant>{
-            {write_full,
-             [&] {
-               flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(out).first(block),
-                                         std::span<const std::size_t>(even), flexpar::reduce_op::sum);
-             },
-             nothing},
-            {write_full,
-             [&] {
-               fresh = std::vector<float>(block);
-               flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(fresh),
-                                         std::span<const std::size_t>(even), flexpar::reduce_op::sum);
-             },
-             [&] { fresh = {}; }}};
-      };
-      {  // P -> S(0): the boxing leaves my block at the front of the tensor's buffer, which is then cut
-        // down to it (nothing moves beyond the collective); next to the in-place forms as well
-        auto in_place = [&](flexpar::result_at where) {
-          return variant{write_full,
-                         [&, where] {
-                           flexpar::reduce_scatter_v(axis, std::span(buffer), std::span<const std::size_t>(even),
-                                                     flexpar::reduce_op::sum, where);
-                         },
-                         nothing};
+        {  // P -> B: allreduce, in place
+          const auto m = measure(
+              warmup, iters,
+              {boxing_of<partial_sum, broadcast>(mesh, shape, full),
+               {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
+                [&] { flexpar::allreduce(axis, std::span(buffer), flexpar::reduce_op::sum); }, nothing},
+               {[&] { fresh = std::vector<float>(full); },
+                [&] { flexpar::allreduce(axis, std::span(fresh), flexpar::reduce_op::sum); }, [&] { fresh = {}; }}});
+          rows.push_back({"P(sum) -> B", bytes, m[0], m[1], m[2], 0});
+        }
+        // P -> S(i): the bare is the out-of-place reduce_scatter_v of my block into a buffer of its own
+        // (reused, and fresh per call), the summand written in the preparation as from_full writes it
+        const auto write_full = [&] { std::copy(full.begin(), full.end(), buffer.begin()); };
+        auto bare_reduce_scatter = [&] {
+          return std::vector<variant>{
+              {write_full,
+               [&] {
+                 flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(out).first(block),
+                                           std::span<const std::size_t>(even), flexpar::reduce_op::sum);
+               },
+               nothing},
+              {write_full,
+               [&] {
+                 fresh = std::vector<float>(block);
+                 flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(fresh),
+                                           std::span<const std::size_t>(even), flexpar::reduce_op::sum);
+               },
+               [&] { fresh = {}; }}};
         };
-        std::vector<variant> v{boxing_of<partial_sum, split<0>>(mesh, shape, full)};
-        for (variant& b : bare_reduce_scatter()) v.push_back(std::move(b));
-        v.push_back(in_place(flexpar::result_at::my_block));
-        v.push_back(front_on_tensor(mesh, axis, shape, full, even));
-        const auto m = measure(warmup, iters, v);
-        rows.push_back({"P(sum) -> S(0)", bytes, m[0], m[1], m[2], 0});  // no pass: nothing moves
-        reduce_scatter_forms.push_back({bytes, m[0], m[1], m[3], m[4]});
+        {  // P -> S(0): the boxing leaves my block at the front of the tensor's buffer, which is then cut
+          // down to it (nothing moves beyond the collective); next to the in-place forms as well
+          auto in_place = [&](flexpar::result_at where) {
+            return variant{write_full,
+                           [&, where] {
+                             flexpar::reduce_scatter_v(axis, std::span(buffer), std::span<const std::size_t>(even),
+                                                       flexpar::reduce_op::sum, where);
+                           },
+                           nothing};
+          };
+          std::vector<variant> v{boxing_of<partial_sum, split<0>>(mesh, shape, full)};
+          for (variant& b : bare_reduce_scatter()) v.push_back(std::move(b));
+          v.push_back(in_place(flexpar::result_at::my_block));
+          v.push_back(front_on_tensor(mesh, axis, shape, full, even));
+          const auto m = measure(warmup, iters, v);
+          rows.push_back({"P(sum) -> S(0)", bytes, m[0], m[1], m[2], 0});  // no pass: nothing moves
+          reduce_scatter_forms.push_back({bytes, m[0], m[1], m[3], m[4]});
+        }
+        {  // P -> S(1): the rows of my columns are strided in every summand; the rounds pack them
+          std::vector<variant> v{boxing_of<partial_sum, split<1>>(mesh, shape, full)};
+          for (variant& b : bare_reduce_scatter()) v.push_back(std::move(b));
+          const auto m = measure(warmup, iters, v);
+          rows.push_back({"P(sum) -> S(1)", bytes, m[0], m[1], m[2], 0});
+        }
+        // S(0) -> B and S(1) -> B: allgather (the second also places the received rows: (p-1)/p n bytes).
+        // Each in its own interleaved group next to the bare allgather: measured in one group, the first
+        // boxing inherited the pool and cache state the second left behind.
+        auto bare_allgather = [&] {
+          return std::vector<variant>{
+              {write_mine, [&] { flexpar::allgather(axis, std::span<const float>(mine), std::span(out)); }, nothing},
+              {write_mine,
+               [&] {
+                 fresh = std::vector<float>(count);
+                 flexpar::allgather(axis, std::span<const float>(mine), std::span(fresh));
+               },
+               [&] { fresh = {}; }}};
+        };
+        {
+          std::vector<variant> v{boxing_of<split<0>, broadcast>(mesh, shape, full)};
+          for (variant& b : bare_allgather()) v.push_back(std::move(b));
+          const auto m = measure(warmup, iters, v);
+          rows.push_back({"S(0) -> B", bytes, m[0], m[1], m[2], 0});
+        }
+        {
+          std::vector<variant> v{boxing_of<split<1>, broadcast>(mesh, shape, full)};
+          for (variant& b : bare_allgather()) v.push_back(std::move(b));
+          v.push_back(memcpy_pass(scratch_a, scratch_b, count - block));
+          const auto m = measure(warmup, iters, v);
+          rows.push_back({"S(1) -> B", bytes, m[0], m[1], m[2], m[3]});
+        }
+        {  // S(0) -> S(1): alltoall; the blocks for the other ranks are packed by columns first
+          // ((p-1)/p of my shard: the bare alltoall copies my own block too, the boxing copies it once)
+          std::vector<float> got(block);
+          const auto m = measure(
+              warmup, iters,
+              {boxing_of<split<0>, split<1>>(mesh, shape, full),
+               {write_mine, [&] { flexpar::alltoall(axis, std::span<const float>(mine), std::span(got)); }, nothing},
+               {write_mine,
+                [&] {
+                  fresh = std::vector<float>(block);
+                  flexpar::alltoall(axis, std::span<const float>(mine), std::span(fresh));
+                },
+                [&] { fresh = {}; }},
+               memcpy_pass(scratch_a, scratch_b, block - block / up)});
+          rows.push_back({"S(0) -> S(1)", bytes, m[0], m[1], m[2], m[3]});
+        }
       }
-      {  // P -> S(1): the rows of my columns are strided in every summand; the rounds pack them
-        std::vector<variant> v{boxing_of<partial_sum, split<1>>(mesh, shape, full)};
-        for (variant& b : bare_reduce_scatter()) v.push_back(std::move(b));
-        const auto m = measure(warmup, iters, v);
-        rows.push_back({"P(sum) -> S(1)", bytes, m[0], m[1], m[2], 0});
+      if (rank == 0) {
+        std::printf(
+            "# flexpar_sbp_bench: %d ranks, f32 tensors [n, %zu], interleaved, median of %d after %d warm-up, "
+            "slowest rank per iteration; repeat %d of %d\n",
+            p, cols, iters, warmup, rep + 1, repeat);
+        std::printf("%-15s %9s %10s %9s %10s %8s %8s %8s %9s\n", "boxing", "bytes", "boxing(us)", "bare(us)",
+                    "+alloc(us)", "pass(us)", "/bare", "/+alloc", "/bare+pass");
+        for (const row& r : rows)
+          std::printf("%-15s %9zu %10.1f %9.1f %10.1f %8.1f %7.2fx %7.2fx %8.2fx\n", r.boxing.c_str(), r.bytes,
+                      r.boxed_us, r.bare_us, r.bare_alloc_us, r.pass_us, r.boxed_us / r.bare_us,
+                      r.boxed_us / r.bare_alloc_us, r.boxed_us / (r.bare_us + r.pass_us));
+        std::printf(
+            "# P(sum) -> S(0) and the forms of the bare reduce_scatter_v: out of place (the bare above), in "
+            "place with my block left at its offset, in place with it at the front of a from_full tensor's buffer (the "
+            "call the boxing makes, on the memory it makes it on)\n");
+        std::printf("%9s %10s %12s %12s %10s %9s %9s %9s\n", "bytes", "boxing(us)", "out-of-pl(us)", "my_block(us)",
+                    "front(us)", "/out-pl", "/my_blk", "/front");
+        for (const forms& f : reduce_scatter_forms)
+          std::printf("%9zu %10.1f %12.1f %12.1f %10.1f %8.2fx %8.2fx %8.2fx\n", f.bytes, f.boxed_us, f.out_of_place_us,
+                      f.my_block_us, f.front_us, f.boxed_us / f.out_of_place_us, f.boxed_us / f.my_block_us,
+                      f.boxed_us / f.front_us);
+        // what the boxing tensors' pool did over the whole run (untimed preparation included): a
+        // reused buffer grown past its size is zeroed by std::vector, which `filled` counts
+        const buffer_pool::statistics pool = mesh.pool().stats();
+        std::printf("# pool (rank 0): %zu hits, %zu misses, %zu elements filled, %zu returned, %zu dropped\n",
+                    pool.hits, pool.misses, pool.filled, pool.returned, pool.dropped);
       }
-      // S(0) -> B and S(1) -> B: allgather (the second also places the received rows: (p-1)/p n bytes).
-      // Each in its own interleaved group next to the bare allgather: measured in one group, the first
-      // boxing inherited the pool and cache state the second left behind.
-      auto bare_allgather = [&] {
-        return std::vector<variant>{
-            {write_mine, [&] { flexpar::allgather(axis, std::span<const float>(mine), std::span(out)); }, nothing},
-            {write_mine,
-             [&] {
-               fresh = std::vector<float>(count);
-               flexpar::allgather(axis, std::span<const float>(mine), std::span(fresh));
-             },
-             [&] { fresh = {}; }}};
-      };
-      {
-        std::vector<variant> v{boxing_of<split<0>, broadcast>(mesh, shape, full)};
-        for (variant& b : bare_allgather()) v.push_back(std::move(b));
-        const auto m = measure(warmup, iters, v);
-        rows.push_back({"S(0) -> B", bytes, m[0], m[1], m[2], 0});
-      }
-      {
-        std::vector<variant> v{boxing_of<split<1>, broadcast>(mesh, shape, full)};
-        for (variant& b : bare_allgather()) v.push_back(std::move(b));
-        v.push_back(memcpy_pass(scratch_a, scratch_b, count - block));
-        const auto m = measure(warmup, iters, v);
-        rows.push_back({"S(1) -> B", bytes, m[0], m[1], m[2], m[3]});
-      }
-      {  // S(0) -> S(1): alltoall; the blocks for the other ranks are packed by columns first
-        // ((p-1)/p of my shard: the bare alltoall copies my own block too, the boxing copies it once)
-        std::vector<float> got(block);
-        const auto m = measure(
-            warmup, iters,
-            {boxing_of<split<0>, split<1>>(mesh, shape, full),
-             {write_mine, [&] { flexpar::alltoall(axis, std::span<const float>(mine), std::span(got)); }, nothing},
-             {write_mine,
-              [&] {
-                fresh = std::vector<float>(block);
-                flexpar::alltoall(axis, std::span<const float>(mine), std::span(fresh));
-              },
-              [&] { fresh = {}; }},
-             memcpy_pass(scratch_a, scratch_b, block - block / up)});
-        rows.push_back({"S(0) -> S(1)", bytes, m[0], m[1], m[2], m[3]});
-      }
+      repeats.push_back(std::move(rows));
+      form_repeats.push_back(std::move(reduce_scatter_forms));
     }
-    if (rank == 0) {
-      std::printf(
-          "# flexpar_sbp_bench: %d ranks, f32 tensors [n, %zu], interleaved, median of %d after %d warm-up, "
-          "slowest rank per iteration\n",
-          p, cols, iters, warmup);
-      std::printf("%-15s %9s %10s %9s %10s %8s %8s %8s %9s\n", "boxing", "bytes", "boxing(us)", "bare(us)",
-                  "+alloc(us)", "pass(us)", "/bare", "/+alloc", "/bare+pass");
-      for (const row& r : rows)
-        std::printf("%-15s %9zu %10.1f %9.1f %10.1f %8.1f %7.2fx %7.2fx %8.2fx\n", r.boxing.c_str(), r.bytes,
-                    r.boxed_us, r.bare_us, r.bare_alloc_us, r.pass_us, r.boxed_us / r.bare_us,
-                    r.boxed_us / r.bare_alloc_us, r.boxed_us / (r.bare_us + r.pass_us));
-      std::printf(
-          "# P(sum) -> S(0) and the forms of the bare reduce_scatter_v: out of place (the bare above), in "
-          "place with my block left at its offset, in place with it at the front of a from_full tensor's buffer (the "
-          "call the boxing makes, on the memory it makes it on)\n");
-      std::printf("%9s %10s %12s %12s %10s %9s %9s %9s\n", "bytes", "boxing(us)", "out-of-pl(us)", "my_block(us)",
-                  "front(us)", "/out-pl", "/my_blk", "/front");
-      for (const forms& f : reduce_scatter_forms)
-        std::printf("%9zu %10.1f %12.1f %12.1f %10.1f %8.2fx %8.2fx %8.2fx\n", f.bytes, f.boxed_us, f.out_of_place_us,
-                    f.my_block_us, f.front_us, f.boxed_us / f.out_of_place_us, f.boxed_us / f.my_block_us,
-                    f.boxed_us / f.front_us);
-      // what the boxing tensors' pool did over the whole run (untimed preparation included): a
-      // reused buffer grown past its size is zeroed by std::vector, which `filled` counts
-      const buffer_pool::statistics pool = mesh.pool().stats();
-      std::printf("# pool (rank 0): %zu hits, %zu misses, %zu elements filled, %zu returned, %zu dropped\n", pool.hits,
-                  pool.misses, pool.filled, pool.returned, pool.dropped);
-    }
+    if (rank == 0 && repeat > 1) print_over_repeats(repeats, form_repeats);
   }
   MPI_Finalize();
   return 0;
