@@ -48,6 +48,7 @@
 #include <flexpar/sbp/sbp.hpp>
 
 #include "bench_cli.hpp"
+#include "bench_timing.hpp"
 
 namespace {
 
@@ -78,10 +79,7 @@ std::vector<double> measure(int warmup, int iters, const std::vector<variant>& v
       if (i >= warmup) samples[v].push_back(slowest);
     }
   std::vector<double> medians;
-  for (auto& s : samples) {
-    std::sort(s.begin(), s.end());
-    medians.push_back(s[s.size() / 2]);
-  }
+  for (auto& s : samples) medians.push_back(flexpar::bench::median_in_place(s));
   return medians;
 }
 
@@ -130,12 +128,6 @@ variant memcpy_pass(std::vector<float>& from, std::vector<float>& to, std::size_
   return {nothing, [&from, &to, n] { std::memcpy(to.data(), from.data(), n * sizeof(float)); }, nothing};
 }
 
-/// The median of `v` (sorted in place); for an even count the upper middle, as measure() takes it.
-double median_of(std::vector<double>& v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 /// Over --repeat runs of the whole table (every size in turn, so that a slow spell of the machine
 /// falls on all rows alike): per row, the median and the range of boxing / bare, and the medians of
 /// boxing / bare+alloc and boxing / (bare + pass).
@@ -151,16 +143,17 @@ void print_over_repeats(const std::vector<std::vector<row>>& repeats,
       alloc.push_back(r.boxed_us / r.bare_alloc_us);
       pass.push_back(r.boxed_us / (r.bare_us + r.pass_us));
     }
-    const double mid = median_of(bare);
+    const double mid = flexpar::bench::median_in_place(bare);  // sorts: front() and back() are the range
     std::printf("%-15s %9zu %7.2fx %7.2f-%5.2fx %7.2fx %9.2fx\n", repeats.front()[i].boxing.c_str(),
-                repeats.front()[i].bytes, mid, bare.front(), bare.back(), median_of(alloc), median_of(pass));
+                repeats.front()[i].bytes, mid, bare.front(), bare.back(), flexpar::bench::median_in_place(alloc),
+                flexpar::bench::median_in_place(pass));
   }
   std::printf("# P(sum) -> S(0) against the in-place call it makes (front), over the repeats\n");
   std::printf("%9s %8s %15s\n", "bytes", "/front", "/front range");
   for (std::size_t i = 0; i < form_repeats.front().size(); ++i) {
     std::vector<double> front;
     for (const std::vector<forms>& f : form_repeats) front.push_back(f[i].boxed_us / f[i].front_us);
-    const double mid = median_of(front);
+    const double mid = flexpar::bench::median_in_place(front);  // sorts: front() and back() are the range
     std::printf("%9zu %7.2fx %7.2f-%5.2fx\n", form_repeats.front()[i].bytes, mid, front.front(), front.back());
   }
 }
