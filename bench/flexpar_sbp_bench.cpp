@@ -16,13 +16,19 @@
 //     are copied once, as the bare allgather copies them), for S(0) -> S(1) the pack of the blocks
 //     for the other ranks ((p-1)/p^2 n bytes; on one node the rounds pack them where the bare packs
 //     its contiguous blocks, and copy my own block once where the bare copies it twice: so the pass
-//     is an upper bound there); 0 where nothing is copied (P -> S(0) leaves my block at the front of
-//     the buffer).
+//     is an upper bound there), for P -> S(1) the pack a program calling the bare makes first (its
+//     summand's strided rows into contiguous blocks: n bytes, as a warm memcpy, a lower bound on the
+//     strided pack; the boxing packs them in its rounds instead); 0 where nothing is copied
+//     (P -> S(0) leaves my block at the front of the buffer).
 //   For P -> S(0) and P -> S(1) the bare is the out-of-place reduce_scatter_v into a reused buffer of my block (the
 //   data movement of the boxing: my block, reduced, in a buffer of its own); a second table sets the
 //   boxing next to the two in-place forms as well: my block left at its offset of the n-element
 //   buffer, and at its front (the call the boxing makes, on the buffer of a tensor made like the
 //   boxing's: same memory, same state, without the boxing).
+// Two controls sit beside P -> B, whose boxing makes exactly the bare's call (an in-place allreduce):
+// the same call on the buffer of a tensor made by from_full ("on tensor": the boxing's memory, without
+// the boxing), and the bare again on a second buffer of the caller's ("A/A": two runs of one call on
+// two buffers, the resolution of a ratio on this machine).
 // Boxing tensors come from the placement's buffer pool (the input is made by from_full in the
 // untimed preparation, the result goes back to the pool untimed), as in a training step that boxes
 // the same shapes again and again. Each sample is the slowest rank's time of that iteration; the
@@ -97,6 +103,13 @@ struct forms {
   double boxed_us, out_of_place_us, my_block_us, front_us;
 };
 
+/// P -> B next to its controls (microseconds): the bare allreduce on a from_full tensor's buffer, and
+/// on a second buffer of the caller's.
+struct controls {
+  std::size_t bytes;
+  double boxed_us, bare_us, on_tensor_us, second_us;
+};
+
 /// to<To>(std::move(t)) of a tensor made by from_full (untimed), the result freed into the pool (untimed).
 template <class From, class To>
 variant boxing_of(const placement<1>& mesh, const shape_t& shape, const std::vector<float>& full) {
@@ -123,6 +136,15 @@ variant front_on_tensor(const placement<1>& mesh, flexpar::communicator& axis, c
           [t] { t->reset(); }};
 }
 
+/// The call P -> B makes, an in-place allreduce, on the buffer of a tensor made by from_full like the
+/// boxing's (untimed): the same memory in the same state, without the boxing.
+variant allreduce_on_tensor(const placement<1>& mesh, flexpar::communicator& axis, const shape_t& shape,
+                            const std::vector<float>& full) {
+  auto t = std::make_shared<std::optional<global_tensor<float, partial_sum>>>();
+  return {[t, &mesh, shape, &full] { t->emplace(global_tensor<float, partial_sum>::from_full(mesh, shape, full)); },
+          [t, &axis] { flexpar::allreduce(axis, (*t)->to_local(), flexpar::reduce_op::sum); }, [t] { t->reset(); }};
+}
+
 /// A warm memcpy of `n` floats (the extra pass some boxings make), as a variant.
 variant memcpy_pass(std::vector<float>& from, std::vector<float>& to, std::size_t n) {
   return {nothing, [&from, &to, n] { std::memcpy(to.data(), from.data(), n * sizeof(float)); }, nothing};
@@ -130,9 +152,10 @@ variant memcpy_pass(std::vector<float>& from, std::vector<float>& to, std::size_
 
 /// Over --repeat runs of the whole table (every size in turn, so that a slow spell of the machine
 /// falls on all rows alike): per row, the median and the range of boxing / bare, and the medians of
-/// boxing / bare+alloc and boxing / (bare + pass).
+/// boxing / bare+alloc and boxing / (bare + pass); then P -> S(0) against front, and P -> B's controls.
 void print_over_repeats(const std::vector<std::vector<row>>& repeats,
-                        const std::vector<std::vector<forms>>& form_repeats) {
+                        const std::vector<std::vector<forms>>& form_repeats,
+                        const std::vector<std::vector<controls>>& control_repeats) {
   std::printf("# over %zu repeats: per row the median and range of the repeats' ratios\n", repeats.size());
   std::printf("%-15s %9s %8s %15s %8s %10s\n", "boxing", "bytes", "/bare", "/bare range", "/+alloc", "/bare+pass");
   for (std::size_t i = 0; i < repeats.front().size(); ++i) {
@@ -155,6 +178,20 @@ void print_over_repeats(const std::vector<std::vector<row>>& repeats,
     for (const std::vector<forms>& f : form_repeats) front.push_back(f[i].boxed_us / f[i].front_us);
     const double mid = flexpar::bench::median_in_place(front);  // sorts: front() and back() are the range
     std::printf("%9zu %7.2fx %7.2f-%5.2fx\n", form_repeats.front()[i].bytes, mid, front.front(), front.back());
+  }
+  std::printf("# P(sum) -> B against its call on a tensor's buffer, and the A/A control, over the repeats\n");
+  std::printf("%9s %11s %17s %8s %15s\n", "bytes", "/on-tensor", "/on-tensor range", "A/A", "A/A range");
+  for (std::size_t i = 0; i < control_repeats.front().size(); ++i) {
+    std::vector<double> on_tensor, second;
+    for (const std::vector<controls>& c : control_repeats) {
+      on_tensor.push_back(c[i].boxed_us / c[i].on_tensor_us);
+      second.push_back(c[i].second_us / c[i].bare_us);
+    }
+    // each median_in_place sorts its vector: front() and back() are then the range
+    const double mid_on_tensor = flexpar::bench::median_in_place(on_tensor);
+    const double mid_second = flexpar::bench::median_in_place(second);
+    std::printf("%9zu %10.2fx %9.2f-%5.2fx %7.2fx %7.2f-%5.2fx\n", control_repeats.front()[i].bytes, mid_on_tensor,
+                on_tensor.front(), on_tensor.back(), mid_second, second.front(), second.back());
   }
 }
 
@@ -196,9 +233,11 @@ int main(int argc, char** argv) {
     const auto up = static_cast<std::size_t>(p);
     std::vector<std::vector<row>> repeats;  // every repeat's rows, in one order
     std::vector<std::vector<forms>> form_repeats;
+    std::vector<std::vector<controls>> control_repeats;
     for (int rep = 0; rep < repeat; ++rep) {
       std::vector<row> rows;
       std::vector<forms> reduce_scatter_forms;
+      std::vector<controls> allreduce_controls;
       for (std::size_t bytes = flexpar::bench::parse_size(begin); bytes <= flexpar::bench::parse_size(end);
            bytes *= static_cast<std::size_t>(factor)) {
         const std::size_t n = bytes / sizeof(float) / cols / up * up;
@@ -212,15 +251,20 @@ int main(int argc, char** argv) {
         std::vector<float> buffer(count), out(count), fresh, scratch_a(count, 1.0f), scratch_b(count, 1.0f);
         const std::vector<std::size_t> even(up, block);
 
-        {  // P -> B: allreduce, in place
+        {  // P -> B: allreduce, in place; with the controls (on a tensor's buffer, and A/A on a second one)
+          std::vector<float> second(count);
           const auto m = measure(
               warmup, iters,
               {boxing_of<partial_sum, broadcast>(mesh, shape, full),
                {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
                 [&] { flexpar::allreduce(axis, std::span(buffer), flexpar::reduce_op::sum); }, nothing},
                {[&] { fresh = std::vector<float>(full); },
-                [&] { flexpar::allreduce(axis, std::span(fresh), flexpar::reduce_op::sum); }, [&] { fresh = {}; }}});
+                [&] { flexpar::allreduce(axis, std::span(fresh), flexpar::reduce_op::sum); }, [&] { fresh = {}; }},
+               allreduce_on_tensor(mesh, axis, shape, full),
+               {[&] { std::copy(full.begin(), full.end(), second.begin()); },
+                [&] { flexpar::allreduce(axis, std::span(second), flexpar::reduce_op::sum); }, nothing}});
           rows.push_back({"P(sum) -> B", bytes, m[0], m[1], m[2], 0});
+          allreduce_controls.push_back({bytes, m[0], m[1], m[3], m[4]});
         }
         // P -> S(i): the bare is the out-of-place reduce_scatter_v of my block into a buffer of its own
         // (reused, and fresh per call), the summand written in the preparation as from_full writes it
@@ -259,11 +303,13 @@ int main(int argc, char** argv) {
           rows.push_back({"P(sum) -> S(0)", bytes, m[0], m[1], m[2], 0});  // no pass: nothing moves
           reduce_scatter_forms.push_back({bytes, m[0], m[1], m[3], m[4]});
         }
-        {  // P -> S(1): the rows of my columns are strided in every summand; the rounds pack them
+        {  // P -> S(1): the rows of my columns are strided in every summand; the rounds pack them (the
+          // pass: the pack of the whole summand into contiguous blocks that the bare would need first)
           std::vector<variant> v{boxing_of<partial_sum, split<1>>(mesh, shape, full)};
           for (variant& b : bare_reduce_scatter()) v.push_back(std::move(b));
+          v.push_back(memcpy_pass(scratch_a, scratch_b, count));
           const auto m = measure(warmup, iters, v);
-          rows.push_back({"P(sum) -> S(1)", bytes, m[0], m[1], m[2], 0});
+          rows.push_back({"P(sum) -> S(1)", bytes, m[0], m[1], m[2], m[3]});
         }
         // S(0) -> B and S(1) -> B: allgather (the second also places the received rows: (p-1)/p n bytes).
         // Each in its own interleaved group next to the bare allgather: measured in one group, the first
@@ -329,6 +375,14 @@ int main(int argc, char** argv) {
           std::printf("%9zu %10.1f %12.1f %12.1f %10.1f %8.2fx %8.2fx %8.2fx\n", f.bytes, f.boxed_us, f.out_of_place_us,
                       f.my_block_us, f.front_us, f.boxed_us / f.out_of_place_us, f.boxed_us / f.my_block_us,
                       f.boxed_us / f.front_us);
+        std::printf(
+            "# controls: P(sum) -> B's call (in-place allreduce) on a from_full tensor's buffer (on-tensor), and the "
+            "bare again on a second buffer of the caller's (A/A: the resolution of a ratio here)\n");
+        std::printf("%9s %10s %9s %13s %10s %11s %9s\n", "bytes", "boxing(us)", "bare(us)", "on-tensor(us)",
+                    "second(us)", "/on-tensor", "A/A");
+        for (const controls& c : allreduce_controls)
+          std::printf("%9zu %10.1f %9.1f %13.1f %10.1f %10.2fx %8.2fx\n", c.bytes, c.boxed_us, c.bare_us,
+                      c.on_tensor_us, c.second_us, c.boxed_us / c.on_tensor_us, c.second_us / c.bare_us);
         // what the boxing tensors' pool did over the whole run (untimed preparation included): a
         // reused buffer grown past its size is zeroed by std::vector, which `filled` counts
         const buffer_pool::statistics pool = mesh.pool().stats();
@@ -337,8 +391,9 @@ int main(int argc, char** argv) {
       }
       repeats.push_back(std::move(rows));
       form_repeats.push_back(std::move(reduce_scatter_forms));
+      control_repeats.push_back(std::move(allreduce_controls));
     }
-    if (rank == 0 && repeat > 1) print_over_repeats(repeats, form_repeats);
+    if (rank == 0 && repeat > 1) print_over_repeats(repeats, form_repeats, control_repeats);
   }
   MPI_Finalize();
   return 0;
