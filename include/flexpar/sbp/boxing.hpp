@@ -82,6 +82,15 @@ inline std::vector<part> parts_of(std::size_t n, int p) {
   return out;
 }
 
+/// R of the shared-memory rounds that go by whole outer indices: the most outer indices whose runs
+/// of the widest block (rows[q].count * inner elements each) fit `budget` elements; 0 when not even
+/// one does, or when every block is empty (the callers then take element chunks).
+inline std::size_t outer_indices_per_round(const std::vector<part>& rows, std::size_t inner, std::size_t budget) {
+  std::size_t widest = 0;
+  for (const part& r : rows) widest = std::max(widest, r.count * inner);
+  return widest == 0 ? 0 : budget / widest;
+}
+
 /// Packs `data` (shape [outer, rows, inner]) into `out`: p contiguous blocks, block j = rows of part
 /// j (one strided pass, straight into the buffer the collective sends from). Returns the counts.
 template <class T>
@@ -242,10 +251,8 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
       });
     });
   };
-  std::size_t widest = 0;
-  for (const part& r : parts) widest = std::max(widest, r.count * a.inner);
-  const std::size_t budget = std::min(v.stage.chunk_bytes, flexpar::detail::alltoall_section_bytes(p)) / sizeof(T);
-  const std::size_t per_round = widest == 0 ? 0 : budget / widest;  // R
+  const std::size_t per_round = outer_indices_per_round(  // R
+      parts, a.inner, std::min(v.stage.chunk_bytes, flexpar::detail::alltoall_section_bytes(p)) / sizeof(T));
   if (per_round > 0) {
     const std::size_t stride = a.rows * a.inner;
     auto piece = [&, per_round](int q, std::uint64_t k) {
@@ -340,10 +347,8 @@ namespace detail {
 template <class T>
 bool allgather_rows_shared_memory(axis_view<T>& v, const around& a, const std::vector<part>& parts, std::span<T> out) {
   const int p = v.comm.size(), me = v.comm.rank();
-  std::size_t widest = 0;
-  for (const part& r : parts) widest = std::max(widest, r.count * a.inner);
-  const std::size_t budget = std::min(v.stage.chunk_bytes, shm_round_bytes) / sizeof(T);
-  const std::size_t per_round = widest == 0 ? 0 : budget / widest;  // R
+  const std::size_t per_round =  // R
+      outer_indices_per_round(parts, a.inner, std::min(v.stage.chunk_bytes, shm_round_bytes) / sizeof(T));
   if (per_round == 0) return false;
   const std::size_t stride = a.rows * a.inner, rounds = (a.outer + per_round - 1) / per_round;
   const bool streaming = out.size_bytes() >= flexpar::detail::streaming_min_bytes;
@@ -458,11 +463,9 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
   };
   const char* op = "boxing S(i) -> S(j) (shared_memory)";
   // by outer index: rank `from`'s run for rank `to` is rows_j[to] * inners[from] elements
-  std::size_t widest = 0;
-  for (std::size_t from = 0; from < up; ++from)
-    for (const part& r : rows_j) widest = std::max(widest, r.count * inners[from]);
-  const std::size_t budget = std::min(v.stage.chunk_bytes, flexpar::detail::alltoall_section_bytes(p)) / sizeof(T);
-  const std::size_t per_round = widest == 0 ? 0 : budget / widest;  // R
+  const std::size_t per_round = outer_indices_per_round(  // R
+      rows_j, *std::max_element(inners.begin(), inners.end()),
+      std::min(v.stage.chunk_bytes, flexpar::detail::alltoall_section_bytes(p)) / sizeof(T));
   if (send_view.outer > 1 && per_round > 0) {
     std::size_t rounds = 0;
     for (const std::size_t outer : outers) rounds = std::max(rounds, (outer + per_round - 1) / per_round);
