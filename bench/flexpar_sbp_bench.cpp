@@ -123,26 +123,13 @@ variant boxing_of(const placement<1>& mesh, const shape_t& shape, const std::vec
           }};
 }
 
-/// The call P -> S(0) makes, reduce_scatter_v(..., result_at::front), on the buffer of a tensor made
-/// by from_full like the boxing's (untimed): the same memory in the same state, without the boxing.
-variant front_on_tensor(const placement<1>& mesh, flexpar::communicator& axis, const shape_t& shape,
-                        const std::vector<float>& full, const std::vector<std::size_t>& counts) {
+/// call(buffer): the collective a boxing makes, on the buffer of a P(sum) tensor made by from_full
+/// like the boxing's (untimed), so the same memory in the same state, without the boxing.
+template <class Call>
+variant call_on_tensor(const placement<1>& mesh, const shape_t& shape, const std::vector<float>& full, Call call) {
   auto t = std::make_shared<std::optional<global_tensor<float, partial_sum>>>();
   return {[t, &mesh, shape, &full] { t->emplace(global_tensor<float, partial_sum>::from_full(mesh, shape, full)); },
-          [t, &axis, &counts] {
-            flexpar::reduce_scatter_v(axis, (*t)->to_local(), std::span<const std::size_t>(counts),
-                                      flexpar::reduce_op::sum, flexpar::result_at::front);
-          },
-          [t] { t->reset(); }};
-}
-
-/// The call P -> B makes, an in-place allreduce, on the buffer of a tensor made by from_full like the
-/// boxing's (untimed): the same memory in the same state, without the boxing.
-variant allreduce_on_tensor(const placement<1>& mesh, flexpar::communicator& axis, const shape_t& shape,
-                            const std::vector<float>& full) {
-  auto t = std::make_shared<std::optional<global_tensor<float, partial_sum>>>();
-  return {[t, &mesh, shape, &full] { t->emplace(global_tensor<float, partial_sum>::from_full(mesh, shape, full)); },
-          [t, &axis] { flexpar::allreduce(axis, (*t)->to_local(), flexpar::reduce_op::sum); }, [t] { t->reset(); }};
+          [t, call] { call((*t)->to_local()); }, [t] { t->reset(); }};
 }
 
 /// A warm memcpy of `n` floats (the extra pass some boxings make), as a variant.
@@ -260,7 +247,8 @@ int main(int argc, char** argv) {
                 [&] { flexpar::allreduce(axis, std::span(buffer), flexpar::reduce_op::sum); }, nothing},
                {[&] { fresh = std::vector<float>(full); },
                 [&] { flexpar::allreduce(axis, std::span(fresh), flexpar::reduce_op::sum); }, [&] { fresh = {}; }},
-               allreduce_on_tensor(mesh, axis, shape, full),
+               call_on_tensor(mesh, shape, full,  // the call P -> B makes: an in-place allreduce
+                              [&](std::span<float> b) { flexpar::allreduce(axis, b, flexpar::reduce_op::sum); }),
                {[&] { std::copy(full.begin(), full.end(), second.begin()); },
                 [&] { flexpar::allreduce(axis, std::span(second), flexpar::reduce_op::sum); }, nothing}});
           rows.push_back({"P(sum) -> B", bytes, m[0], m[1], m[2], 0});
@@ -298,7 +286,10 @@ int main(int argc, char** argv) {
           std::vector<variant> v{boxing_of<partial_sum, split<0>>(mesh, shape, full)};
           for (variant& b : bare_reduce_scatter()) v.push_back(std::move(b));
           v.push_back(in_place(flexpar::result_at::my_block));
-          v.push_back(front_on_tensor(mesh, axis, shape, full, even));
+          v.push_back(call_on_tensor(mesh, shape, full, [&](std::span<float> b) {  // the call P -> S(0) makes
+            flexpar::reduce_scatter_v(axis, b, std::span<const std::size_t>(even), flexpar::reduce_op::sum,
+                                      flexpar::result_at::front);
+          }));
           const auto m = measure(warmup, iters, v);
           rows.push_back({"P(sum) -> S(0)", bytes, m[0], m[1], m[2], 0});  // no pass: nothing moves
           reduce_scatter_forms.push_back({bytes, m[0], m[1], m[3], m[4]});
