@@ -102,6 +102,43 @@ __device__ inline T combine(T a, T b, Op op) {
   return narrow<T>(op(widen(a), widen(b)));
 }
 
+// Bytes four to a 32-bit word: sum (wrapping, as the host's narrowing of the sum), min and max of
+// int8/uint8 with the video SIMD intrinsics, one instruction per word instead of four extractions,
+// four operations and four insertions (i8 max ran at 0.61-0.65 of a device copy element by element).
+template <class T, class Op>
+inline constexpr bool bytes_in_words = sizeof(T) == 1 && (std::is_same_v<Op, op_sum> || std::is_same_v<Op, op_min> ||
+                                                          std::is_same_v<Op, op_max>);
+
+template <class T, class Op>
+__device__ inline unsigned combine_words(unsigned a, unsigned b, Op) {
+  constexpr bool is_signed = std::is_signed_v<T>;
+  if constexpr (std::is_same_v<Op, op_sum>)
+    return __vadd4(a, b);
+  else if constexpr (std::is_same_v<Op, op_min>)
+    return is_signed ? __vmins4(a, b) : __vminu4(a, b);
+  else
+    return is_signed ? __vmaxs4(a, b) : __vmaxu4(a, b);
+}
+
+template <class T, class Op>
+__device__ inline vector16<T> combine_vectors(const vector16<T>& x, const vector16<T>& y, Op op) {
+  vector16<T> r;
+  if constexpr (bytes_in_words<T, Op>) {
+    uint4 a, b, c;
+    std::memcpy(&a, x.e, sizeof a);
+    std::memcpy(&b, y.e, sizeof b);
+    c.x = combine_words<T>(a.x, b.x, op);
+    c.y = combine_words<T>(a.y, b.y, op);
+    c.z = combine_words<T>(a.z, b.z, op);
+    c.w = combine_words<T>(a.w, b.w, op);
+    std::memcpy(r.e, &c, sizeof c);
+  } else {
+#pragma unroll
+    for (std::size_t k = 0; k < 16 / sizeof(T); ++k) r.e[k] = combine(x.e[k], y.e[k], op);
+  }
+  return r;
+}
+
 constexpr int unroll = 4;
 
 // dst[i] = a[i] (op) b[i]; dst may equal a (each element is read before it is written, by the same
@@ -135,12 +172,7 @@ __global__ void __launch_bounds__(block_threads)
 #pragma unroll
     for (int u = 0; u < unroll; ++u) {
       const std::size_t v = base + u * threads;
-      if (v < vectors) {
-        vector16<T> r;
-#pragma unroll
-        for (std::size_t k = 0; k < per_vector; ++k) r.e[k] = combine(x[u].e[k], y[u].e[k], op);
-        store16(dv + v * per_vector, r);
-      }
+      if (v < vectors) store16(dv + v * per_vector, combine_vectors(x[u], y[u], op));
     }
   }
 }

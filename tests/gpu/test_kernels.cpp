@@ -225,7 +225,7 @@ void check_minmax(std::size_t n, std::size_t chunk, std::size_t in_offset, std::
 
 TEST(CudaKernels, MinmaxMatchesTheHostEncoderBitForBit) {
   std::uint64_t seed = 100;
-  for (std::size_t chunk : {std::size_t{512}, std::size_t{100}, std::size_t{3}, std::size_t{4096}})
+  for (std::size_t chunk : {std::size_t{512}, std::size_t{100}, std::size_t{3}, std::size_t{1000}, std::size_t{4096}})
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{511}, std::size_t{512},
                           std::size_t{513}, std::size_t{100003}})
       for (auto [i, o] : {std::pair<std::size_t, std::size_t>{0, 0}, {1, 0}, {0, 1}, {3, 2}})
@@ -277,7 +277,8 @@ TEST(CudaKernels, OnebitMatchesTheHostCompressor) {
   // definition applied to the GPU's own residual: v = x + residual (one float add), the signs of v
   // exactly, the scale = mean |v| within rounding, the new residual = v - (+-scale) bit for bit with
   // the scale the GPU sent.
-  for (std::size_t chunk : {std::size_t{2048}, std::size_t{7}, std::size_t{33}, std::size_t{100}})
+  for (std::size_t chunk :
+       {std::size_t{2048}, std::size_t{7}, std::size_t{33}, std::size_t{100}, std::size_t{1000}, std::size_t{4100}})
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{31}, std::size_t{2049}, std::size_t{100003}}) {
       const std::string what = "n=" + std::to_string(n) + " chunk=" + std::to_string(chunk);
       fc::stream s;
