@@ -180,7 +180,7 @@ void allgather_out_of_place(communicator& comm, std::span<const T> in, std::span
     require_one_node_segment(comm, name);
     shared_memory_allgather_placed<T>(
         comm, in, layout, staging{}, [&](int block, std::size_t offset, std::span<const T> piece) {
-          place_contiguous(layout.of(out, block).data() + offset, piece.data(), piece.size(), out.size_bytes());
+          place_contiguous(comm, layout.of(out, block).data() + offset, piece.data(), piece.size(), out.size_bytes());
         });
     return;
   }

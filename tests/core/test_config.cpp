@@ -37,6 +37,14 @@ TEST(config, reads_every_variable) {
   EXPECT_EQ(c.spin, std::chrono::microseconds(0));
 }
 
+TEST(config, reads_the_streaming_threshold) {
+  EXPECT_EQ(config{}.streaming_min_bytes, std::size_t{4} << 20);
+  EXPECT_EQ(from({{"FLEXPAR_STREAMING_MIN_BYTES", "0"}}).streaming_min_bytes, 0u);
+  EXPECT_EQ(from({{"FLEXPAR_STREAMING_MIN_BYTES", "67108864"}}).streaming_min_bytes, std::size_t{64} << 20);
+  EXPECT_THROW((void)from({{"FLEXPAR_STREAMING_MIN_BYTES", "4M"}}), usage_error);
+  EXPECT_THROW((void)from({{"FLEXPAR_STREAMING_MIN_BYTES", "-1"}}), usage_error);
+}
+
 TEST(config, reads_the_engine_variables) {
   const config c = from({{"FLEXPAR_FUSION_THRESHOLD", "0"},
                          {"FLEXPAR_CYCLE_TIME_MS", "2.5"},

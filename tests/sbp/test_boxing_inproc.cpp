@@ -186,6 +186,38 @@ TEST_P(boxing_1d, partial_to_inner_split_reduces_strided_rows_where_they_lie) {
       flexpar::testing_support::with_timeout());
 }
 
+// Whether data is taken to be in memory (config::streaming_min_bytes, FLEXPAR_STREAMING_MIN_BYTES)
+// picks streaming stores, inline run copies and, for P -> S(i), my runs packed into my own section:
+// it must change no result. At 1 byte every path takes its in-memory form on small tensors (the
+// tests above reach it only at 4 MiB), at 0 (never) none does.
+TEST_P(boxing_1d, the_streaming_threshold_changes_no_result) {
+  for (const std::size_t threshold : {std::size_t{1}, std::size_t{0}}) {
+    config cfg = flexpar::testing_support::with_timeout();
+    cfg.streaming_min_bytes = threshold;
+    run_in_process(
+        GetParam(),
+        [threshold](communicator& comm) {
+          SCOPED_TRACE("streaming_min_bytes " + std::to_string(threshold));
+          placement<1> mesh(comm, {comm.size()});
+          int salt = 0;
+          for (const shape_t& shape : {shape_t{7, 13, 5}, shape_t{11, 6, 3}, shape_t{0, 3, 2}, shape_t{3, 64, 2}}) {
+            for_each_pair(one_axis{}, [&]<class From, class To>(From, To) {
+              check_pair<std::int32_t, From, To>(mesh, shape, ++salt);
+            });
+            for (const staging stage : {staging{20, 2, staged_path::shared_memory}, staging{}}) {
+              check_staged<split<1>, broadcast>(mesh, shape, stage, ++salt);
+              check_staged<split<2>, broadcast>(mesh, shape, stage, ++salt);
+              check_staged<split<0>, split<1>>(mesh, shape, stage, ++salt);
+              check_staged<split<2>, split<1>>(mesh, shape, stage, ++salt);
+              check_partial_to_split<reduce_op::sum, 1>(mesh, shape, stage, ++salt);
+              check_partial_to_split<reduce_op::sum, 2>(mesh, shape, stage, ++salt);
+            }
+          }
+        },
+        cfg);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(worlds, boxing_1d, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return std::string("p").append(std::to_string(info.param)); });
 

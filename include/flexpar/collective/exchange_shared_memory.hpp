@@ -180,11 +180,11 @@ void shared_memory_allgather_placed(communicator& comm, std::span<const T> mine,
       });
 }
 
-/// A contiguous copy for the placing of a plain collective: streaming stores into a destination of
-/// streaming_min_bytes or more (it leaves the cache before anyone reads it), memcpy otherwise.
+/// A contiguous copy for the placing of a plain collective on `comm`: streaming stores into a
+/// destination in memory (in_memory: it leaves the cache before anyone reads it), memcpy otherwise.
 template <class T>
-void place_contiguous(T* to, const T* from, std::size_t n, std::size_t destination_bytes) {
-  if (destination_bytes >= streaming_min_bytes)
+void place_contiguous(const communicator& comm, T* to, const T* from, std::size_t n, std::size_t destination_bytes) {
+  if (in_memory(destination_bytes, comm.settings().streaming_min_bytes))
     copy_streaming(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from), n * sizeof(T));
   else if (n != 0)
     std::memcpy(to, from, n * sizeof(T));
@@ -197,7 +197,7 @@ void shared_memory_allgather(communicator& comm, std::span<T> data, const block_
   shared_memory_allgather_placed<T>(comm, std::span<const T>(layout.of(data, me)), layout, staging{},
                                     [&](int block, std::size_t offset, std::span<const T> piece) {
                                       if (block == me) return;  // in place already
-                                      place_contiguous(layout.of(data, block).data() + offset, piece.data(),
+                                      place_contiguous(comm, layout.of(data, block).data() + offset, piece.data(),
                                                        piece.size(), data.size_bytes());
                                     });
 }
@@ -267,7 +267,7 @@ void shared_memory_alltoall(communicator& comm, std::span<const T> in, std::span
             std::memcpy(sections[q].data(), in.data() + q * count + k * chunks.chunk, sections[q].size_bytes());
       },
       [&](int q, std::size_t offset, std::span<const T> piece) {
-        place_contiguous(out.data() + static_cast<std::size_t>(q) * count + offset, piece.data(), piece.size(),
+        place_contiguous(comm, out.data() + static_cast<std::size_t>(q) * count + offset, piece.data(), piece.size(),
                          out.size_bytes());
       },
       "alltoall(shared_memory)");

@@ -48,6 +48,15 @@ struct config {
   /// a core.
   std::chrono::microseconds spin{100000};
 
+  /// FLEXPAR_STREAMING_MIN_BYTES (bytes; default 4 MiB; 0 = never): data of at least this many
+  /// bytes is taken to live in memory, not in cache, by the shared-memory collectives and the
+  /// boxings: a destination this large is written with streaming (non-temporal) stores, a source this
+  /// large is copied with the inline run copy and read front to back. Where it pays depends on the
+  /// machine (doc/sbp.md, "Measured"): on a 2-core AMD EPYC VM streaming from 4 MiB on was as fast or
+  /// faster; on a 16-core Intel Xeon VM (an H100 host) the boxings with 512-byte runs ran 1.2-1.8x of
+  /// their bare collectives at 4-64 MiB with it, and up to 1.23x with 0 (never).
+  std::size_t streaming_min_bytes = std::size_t{4} << 20;
+
   // ---- engine (include/flexpar/engine/engine.hpp) ----
 
   /// FLEXPAR_FUSION_THRESHOLD (bytes; default 128 MiB; 0 disables fusion): ready allreduces of one

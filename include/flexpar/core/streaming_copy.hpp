@@ -24,10 +24,14 @@
 
 namespace flexpar::detail {
 
-/// Destinations at least this large are written with streaming stores by the copies that choose
-/// (S(i) -> B placing): far beyond the 2 MiB L2 of a core here, so the data would leave the cache
-/// before it is read anyway. Measured: at 4 MiB and up, streaming placing is as fast or faster.
-inline constexpr std::size_t streaming_min_bytes = std::size_t{4} << 20;
+/// Whether data of `bytes` is taken to live in memory rather than in cache, given the communicator's
+/// threshold (config::streaming_min_bytes, FLEXPAR_STREAMING_MIN_BYTES; 0 = never): destinations this
+/// large get streaming stores, sources this large the inline run copy. The default, 4 MiB, is far
+/// beyond a core's 2 MiB L2 on the machine it was measured on, where streaming from 4 MiB on was as
+/// fast or faster; another machine may want another value (doc/sbp.md, "Measured").
+constexpr bool in_memory(std::size_t bytes, std::size_t streaming_min_bytes) noexcept {
+  return streaming_min_bytes != 0 && bytes >= streaming_min_bytes;
+}
 
 /// Copies `bytes` from `src` to `dst` (not overlapping), the bulk with non-temporal stores
 /// (x86-64: 16-byte stores; elsewhere memcpy). Not ordered with later stores: store_fence() first.

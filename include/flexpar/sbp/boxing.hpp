@@ -145,12 +145,14 @@ void for_each_run(const around& v, const part& rows, std::size_t from, std::size
 
 /// Unpacks a piece of a row block: `piece` holds elements [from, from + piece.size()) of rows `rows`
 /// of `data` (viewed as [outer, rows, inner]) in the block's own row-major order. Copied as runs that
-/// are contiguous in both; into a `data` of streaming_min_bytes or more with streaming stores
+/// are contiguous in both; into a `data` in memory (in_memory with the communicator's threshold) with
+/// streaming stores
 /// (core/streaming_copy.hpp: short runs never get them from memcpy, and read-for-ownership made the
 /// placing pass cost twice a memcpy).
 template <class T>
-void unpack_piece(std::span<const T> piece, const around& v, const part& rows, std::size_t from, std::span<T> data) {
-  const bool streaming = data.size_bytes() >= flexpar::detail::streaming_min_bytes;
+void unpack_piece(std::span<const T> piece, const around& v, const part& rows, std::size_t from, std::span<T> data,
+                  std::size_t streaming_min_bytes) {
+  const bool streaming = flexpar::detail::in_memory(data.size_bytes(), streaming_min_bytes);
   for_each_run(v, rows, from, piece.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
     if (streaming)
       flexpar::detail::copy_streaming_unfenced(reinterpret_cast<std::byte*>(data.data() + at),
@@ -161,7 +163,7 @@ void unpack_piece(std::span<const T> piece, const around& v, const part& rows, s
   if (streaming) flexpar::detail::store_fence();
 }
 
-/// Copies the `n` elements of one run of a pack: for a source of streaming_min_bytes or more (read
+/// Copies the `n` elements of one run of a pack: for a source in memory (in_memory, read
 /// from memory, where a library call per short run costs as much as its copy) inline, otherwise
 /// with memcpy (in cache, where its wider stores win).
 template <class T>
@@ -176,8 +178,9 @@ void copy_packed_run(const T* from, T* to, std::size_t n, bool from_memory) {
 /// The inverse: packs elements [from, from + piece.size()) of rows `rows` of `data` into `piece`
 /// (a staging slot, which stays in cache: plain stores).
 template <class T>
-void pack_piece(std::span<const T> data, const around& v, const part& rows, std::size_t from, std::span<T> piece) {
-  const bool from_memory = data.size_bytes() >= flexpar::detail::streaming_min_bytes;
+void pack_piece(std::span<const T> data, const around& v, const part& rows, std::size_t from, std::span<T> piece,
+                std::size_t streaming_min_bytes) {
+  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), streaming_min_bytes);
   for_each_run(v, rows, from, piece.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
     copy_packed_run(data.data() + at, piece.data() + done, m, from_memory);
   });
@@ -216,7 +219,7 @@ namespace detail {
 ///           run for every rank in turn (from a summand in memory with copy_packed_run's inline
 ///           copy: with a memcpy call per 512-byte run P -> S(1) of 64 MiB took 1.18x of the
 ///           bare reduce-scatter, with the inline copy 1.09x; five runs each, medians);
-///   mine:   a summand of streaming_min_bytes or more (read from memory) has my runs packed into
+///   mine:   a summand in memory (in_memory with the communicator's threshold) has my runs packed into
 ///           my own section too, so that it is read once, front to back, as the bare
 ///           reduce-scatter reads its input (reading my runs in the drain instead skipped half of
 ///           every row twice: 1.7-2x of the bare at 16-64 MiB); a smaller one (in cache) has them
@@ -237,7 +240,8 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
   const char* name = "boxing P -> S(i) (shared_memory)";
   // a summand in cache is read in place (copying my own runs would be one more pass); one in memory
   // is read front to back by the pack, my runs into my own section
-  const bool mine_in_place = data.size_bytes() < flexpar::detail::streaming_min_bytes, from_memory = !mine_in_place;
+  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), v.comm.settings().streaming_min_bytes),
+             mine_in_place = !from_memory;
   const auto um = static_cast<std::size_t>(me);
   auto reduce_mine = [&](std::uint64_t, std::span<T> result, std::span<const T> my_section, std::span<const T> theirs) {
     if (!mine_in_place) {
@@ -284,7 +288,8 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
           if (!sections[q].empty() && !(mine_in_place && q == um))
-            pack_piece<T>(std::span<const T>(data), a, parts[q], k * chunks.chunk, sections[q]);
+            pack_piece<T>(std::span<const T>(data), a, parts[q], k * chunks.chunk, sections[q],
+                          v.comm.settings().streaming_min_bytes);
       },
       reduce_mine, out, op, name);
 }
@@ -336,7 +341,7 @@ namespace detail {
 ///           readable until I mark round k consumed); then each result row of the round is written
 ///           whole, every block's run in turn (mine from my shard, the peers' from their round
 ///           buffers): one pass of sequential writes (streaming stores into a result of
-///           streaming_min_bytes or more), where placing each block's runs as it lands wrote half of
+///           memory: in_memory), where placing each block's runs as it lands wrote half of
 ///           every row in each of p passes.
 /// Cost: the bare allgather's (two flag hand-offs per round, my chunk copied in, n placed); the
 /// placing works in runs of length_q. S(1) -> B of an f32 [n, 256] tensor on 2 ranks, medians over
@@ -351,7 +356,7 @@ bool allgather_rows_shared_memory(axis_view<T>& v, const around& a, const std::v
       outer_indices_per_round(parts, a.inner, std::min(v.stage.chunk_bytes, shm_round_bytes) / sizeof(T));
   if (per_round == 0) return false;
   const std::size_t stride = a.rows * a.inner, rounds = (a.outer + per_round - 1) / per_round;
-  const bool streaming = out.size_bytes() >= flexpar::detail::streaming_min_bytes;
+  const bool streaming = flexpar::detail::in_memory(out.size_bytes(), v.comm.settings().streaming_min_bytes);
   const auto um = static_cast<std::size_t>(me);
   const std::size_t my_length = parts[um].count * a.inner;
   const int last_peer = flexpar::detail::modulo(me - 1, p);
@@ -408,7 +413,8 @@ void box_axis(axis_view<T>& v, split<I>, broadcast) {
     allgather_v_placed<T>(
         v.comm, std::span<const T>(v.local), std::span<const std::size_t>(counts),
         [&](int block, std::size_t offset, std::span<const T> piece) {
-          detail::unpack_piece<T>(piece, a, parts[static_cast<std::size_t>(block)], offset, out);
+          detail::unpack_piece<T>(piece, a, parts[static_cast<std::size_t>(block)], offset, out,
+                                  v.comm.settings().streaming_min_bytes);
         },
         v.stage);
   }
@@ -459,7 +465,8 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
     return counts[static_cast<std::size_t>(from) * up + static_cast<std::size_t>(to)];
   };
   auto place = [&](int q, std::size_t offset, std::span<const T> piece) {
-    unpack_piece<T>(piece, receive_view, rows_i[static_cast<std::size_t>(q)], offset, next);
+    unpack_piece<T>(piece, receive_view, rows_i[static_cast<std::size_t>(q)], offset, next,
+                    v.comm.settings().streaming_min_bytes);
   };
   const char* op = "boxing S(i) -> S(j) (shared_memory)";
   // by outer index: rank `from`'s run for rank `to` is rows_j[to] * inners[from] elements
@@ -476,8 +483,9 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
       return flexpar::detail::round_piece{first * run, first < outer ? std::min(per_round, outer - first) * run : 0};
     };
     const std::size_t stride = send_view.rows * send_view.inner;
-    const bool from_memory = v.local.size() * sizeof(T) >= flexpar::detail::streaming_min_bytes;
-    const bool streaming = next.size_bytes() >= flexpar::detail::streaming_min_bytes;
+    const std::size_t streaming_min_bytes = v.comm.settings().streaming_min_bytes;
+    const bool from_memory = flexpar::detail::in_memory(v.local.size() * sizeof(T), streaming_min_bytes);
+    const bool streaming = flexpar::detail::in_memory(next.size_bytes(), streaming_min_bytes);
     const std::size_t um = static_cast<std::size_t>(v.comm.rank()), my_run = rows_j[um].count * send_view.inner;
     flexpar::detail::shared_memory_alltoall_placed<T>(
         v.comm, rounds, piece,
@@ -516,7 +524,9 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
       v.comm, rounds, flexpar::detail::element_pieces(chunks, block),
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
-          if (!sections[q].empty()) pack_piece<T>(v.local, send_view, rows_j[q], k * chunks.chunk, sections[q]);
+          if (!sections[q].empty())
+            pack_piece<T>(v.local, send_view, rows_j[q], k * chunks.chunk, sections[q],
+                          v.comm.settings().streaming_min_bytes);
       },
       place, op);
 }
