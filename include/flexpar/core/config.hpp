@@ -53,8 +53,8 @@ struct config {
   /// boxings: a destination this large is written with streaming (non-temporal) stores, a source this
   /// large is copied with the inline run copy and read front to back. Where it pays depends on the
   /// machine (doc/sbp.md, "Measured"): on a 2-core AMD EPYC VM streaming from 4 MiB on was as fast or
-  /// faster; on a 16-core Intel Xeon VM (an H100 host) the boxings with 512-byte runs ran 1.2-1.8x of
-  /// their bare collectives at 4-64 MiB with it, and up to 1.23x with 0 (never).
+  /// faster; on a 16-core Intel Xeon VM (an H100 host) the boxings with 512-byte runs ran 1.27-1.89x
+  /// of their bare collectives at 4-64 MiB with it, and 0.80-1.32x with 0 (never).
   std::size_t streaming_min_bytes = std::size_t{4} << 20;
 
   // ---- engine (include/flexpar/engine/engine.hpp) ----

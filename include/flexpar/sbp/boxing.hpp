@@ -145,10 +145,9 @@ void for_each_run(const around& v, const part& rows, std::size_t from, std::size
 
 /// Unpacks a piece of a row block: `piece` holds elements [from, from + piece.size()) of rows `rows`
 /// of `data` (viewed as [outer, rows, inner]) in the block's own row-major order. Copied as runs that
-/// are contiguous in both; into a `data` in memory (in_memory with the communicator's threshold) with
-/// streaming stores
-/// (core/streaming_copy.hpp: short runs never get them from memcpy, and read-for-ownership made the
-/// placing pass cost twice a memcpy).
+/// are contiguous in both; into a `data` in memory (in_memory with the communicator's threshold,
+/// `streaming_min_bytes`) with streaming stores (core/streaming_copy.hpp: short runs never get them
+/// from memcpy, and read-for-ownership made the placing pass cost twice a memcpy).
 template <class T>
 void unpack_piece(std::span<const T> piece, const around& v, const part& rows, std::size_t from, std::span<T> data,
                   std::size_t streaming_min_bytes) {
@@ -240,7 +239,8 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
   const char* name = "boxing P -> S(i) (shared_memory)";
   // a summand in cache is read in place (copying my own runs would be one more pass); one in memory
   // is read front to back by the pack, my runs into my own section
-  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), v.comm.settings().streaming_min_bytes),
+  const std::size_t streaming_min_bytes = v.comm.settings().streaming_min_bytes;
+  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), streaming_min_bytes),
              mine_in_place = !from_memory;
   const auto um = static_cast<std::size_t>(me);
   auto reduce_mine = [&](std::uint64_t, std::span<T> result, std::span<const T> my_section, std::span<const T> theirs) {
@@ -288,8 +288,7 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
           if (!sections[q].empty() && !(mine_in_place && q == um))
-            pack_piece<T>(std::span<const T>(data), a, parts[q], k * chunks.chunk, sections[q],
-                          v.comm.settings().streaming_min_bytes);
+            pack_piece<T>(std::span<const T>(data), a, parts[q], k * chunks.chunk, sections[q], streaming_min_bytes);
       },
       reduce_mine, out, op, name);
 }
@@ -340,8 +339,8 @@ namespace detail {
 ///   drain:  nothing until the last peer has published round k (every peer's round buffer stays
 ///           readable until I mark round k consumed); then each result row of the round is written
 ///           whole, every block's run in turn (mine from my shard, the peers' from their round
-///           buffers): one pass of sequential writes (streaming stores into a result of
-///           memory: in_memory), where placing each block's runs as it lands wrote half of
+///           buffers): one pass of sequential writes (streaming stores into a result in memory:
+///           in_memory), where placing each block's runs as it lands wrote half of
 ///           every row in each of p passes.
 /// Cost: the bare allgather's (two flag hand-offs per round, my chunk copied in, n placed); the
 /// placing works in runs of length_q. S(1) -> B of an f32 [n, 256] tensor on 2 ranks, medians over
@@ -464,9 +463,9 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
   auto block = [&](int from, int to) {
     return counts[static_cast<std::size_t>(from) * up + static_cast<std::size_t>(to)];
   };
+  const std::size_t streaming_min_bytes = v.comm.settings().streaming_min_bytes;
   auto place = [&](int q, std::size_t offset, std::span<const T> piece) {
-    unpack_piece<T>(piece, receive_view, rows_i[static_cast<std::size_t>(q)], offset, next,
-                    v.comm.settings().streaming_min_bytes);
+    unpack_piece<T>(piece, receive_view, rows_i[static_cast<std::size_t>(q)], offset, next, streaming_min_bytes);
   };
   const char* op = "boxing S(i) -> S(j) (shared_memory)";
   // by outer index: rank `from`'s run for rank `to` is rows_j[to] * inners[from] elements
@@ -483,7 +482,6 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
       return flexpar::detail::round_piece{first * run, first < outer ? std::min(per_round, outer - first) * run : 0};
     };
     const std::size_t stride = send_view.rows * send_view.inner;
-    const std::size_t streaming_min_bytes = v.comm.settings().streaming_min_bytes;
     const bool from_memory = flexpar::detail::in_memory(v.local.size() * sizeof(T), streaming_min_bytes);
     const bool streaming = flexpar::detail::in_memory(next.size_bytes(), streaming_min_bytes);
     const std::size_t um = static_cast<std::size_t>(v.comm.rank()), my_run = rows_j[um].count * send_view.inner;
@@ -525,8 +523,7 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
           if (!sections[q].empty())
-            pack_piece<T>(v.local, send_view, rows_j[q], k * chunks.chunk, sections[q],
-                          v.comm.settings().streaming_min_bytes);
+            pack_piece<T>(v.local, send_view, rows_j[q], k * chunks.chunk, sections[q], streaming_min_bytes);
       },
       place, op);
 }
