@@ -4,9 +4,10 @@
 // One warp per chunk (a grid-stride loop over chunks): the warp reduces its chunk's min/max (or sum
 // of |v|) with shuffles, lane 0 writes the chunk's header, and the lanes write the codes (min-max:
 // four per lane per round, with 16-byte loads where the layout is aligned; 1-bit: one warp ballot
-// gives 32 signs = 4 bytes of the format). For chunks up to the default sizes (min-max 1024 floats,
-// 1-bit 2048) each lane holds its part of the chunk in registers, loaded all at once: the encoders
-// read the chunk once instead of twice, and every lane has many loads in flight. The arithmetic per
+// gives 32 signs = 4 bytes of the format). For chunks of at most 1024 floats (min-max; default 512)
+// or 2048 (1-bit; the default) the encoders hold each lane's part of the chunk in registers, its
+// loads issued together: the chunk is read once instead of twice, with many loads in flight. The
+// 1-bit decoder gives each warp a 512-element piece of a chunk instead. The arithmetic per
 // element is kernel_math.hpp's, shared with the CPU test. A non-finite input is reported through a
 // device status word: the smallest offending index, by atomicMin.
 #include <cuda_runtime.h>
