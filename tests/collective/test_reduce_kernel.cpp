@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -83,6 +84,43 @@ TEST(reduce_kernel, vectorized_half_and_bfloat16_round_exactly_like_core_on_any_
     }
   }
 }
+
+#if defined(__x86_64__)
+TEST(reduce_kernel, the_avx2_loops_give_the_bits_of_the_baseline_loops) {
+  // reduce_elements takes the AVX2 build of the loops where the CPU runs it (so every other test here
+  // runs that build on such a machine); this one holds it to the baseline build, bit for bit, on
+  // random bit patterns (NaNs, infinities, signed zeros, subnormals for the float types), both forms,
+  // every length up to three vectors and a tail, at an offset that leaves the arrays unaligned.
+  if (!detail::cpu_has_avx2()) GTEST_SKIP() << "this CPU does not run AVX2";
+  std::mt19937_64 rng(20261123);
+  for_each_dtype([&](auto zero) {
+    using T = decltype(zero);
+    if constexpr (!detail::sixteen_bit_float<T>) {
+      for (reduce_op op : all_ops)
+        for (std::size_t n = 0; n <= 100; n += n < 70 ? 1 : 10) {
+          std::vector<T> a(n + 1), b(n + 1);
+          for (std::size_t i = 0; i < n + 1; ++i) {
+            const std::uint64_t x = rng(), y = i % 5 == 0 ? x : rng();  // some equal pairs
+            std::memcpy(&a[i], &x, sizeof(T));
+            std::memcpy(&b[i], &y, sizeof(T));
+          }
+          const std::string what =
+              std::string(name_of(dtype_of<T>)) + " " + std::string(name_of(op)) + " n=" + std::to_string(n);
+          detail::visit_op(op, [&](auto f) {
+            std::vector<T> base(n + 1), wide(n + 1);
+            detail::reduce_loop(base.data() + 1, a.data() + 1, b.data() + 1, n, f);
+            detail::reduce_loop_avx2(wide.data() + 1, a.data() + 1, b.data() + 1, n, f);
+            EXPECT_EQ(std::memcmp(base.data(), wide.data(), (n + 1) * sizeof(T)), 0) << "dst = a op b, " << what;
+            std::vector<T> base2 = a, wide2 = a;
+            detail::reduce_loop(base2.data() + 1, b.data() + 1, n, f);
+            detail::reduce_loop_avx2(wide2.data() + 1, b.data() + 1, n, f);
+            EXPECT_EQ(std::memcmp(base2.data(), wide2.data(), (n + 1) * sizeof(T)), 0) << "dst op= b, " << what;
+          });
+        }
+    }
+  });
+}
+#endif
 
 TEST(reduce_kernel, scale_for_average_divides_in_the_accumulation_type) {
   std::vector<float> f{3.0f, -6.0f};
