@@ -3,7 +3,10 @@
 // For each boxing (P -> B, P -> S(0), P -> S(1), S(0) -> B, S(1) -> B, S(0) -> S(1)) and logical size, the time
 // of to<To>(std::move(t)) next to its peers, all measured in the same run, interleaved (iteration i
 // runs every variant once, starting at variant i mod V, so load from other processes and the cache
-// state one variant leaves for the next fall on all of them alike):
+// state one variant leaves for the next fall on all of them alike), or with --block K in blocks (each
+// variant K iterations in a row, the variants taking turns: each finds the cache as it left it, the
+// steady state of a training loop that boxes one shape, while load from other processes still falls
+// on all of them alike over the blocks):
 //   - "bare": the flexpar collective doing the same data movement, on the communicator the boxing
 //     calls it on (the mesh axis's group), on buffers the caller owns and reuses (the best case of a
 //     hand-written program), its input written in the untimed preparation as from_full writes the
@@ -37,7 +40,8 @@
 // every size in turn, and a last table gives each row's median ratio and range over the repeats (on
 // a shared machine one run's medians of a few percent apart say little).
 //
-//   mpiexec -n 2 flexpar_sbp_bench [-b 1M] [-e 16M] [-f 4] [--iters 20] [--warmup 3] [--cols 256] [--repeat 1]
+//   mpiexec -n 2 flexpar_sbp_bench [-b 1M] [-e 16M] [-f 4] [--iters 20] [--warmup 3] [--block 1] [--cols 256]
+//                                  [--repeat 1]
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -65,27 +69,53 @@ struct variant {
   std::function<void()> prepare, run, finish;
 };
 
-/// Runs every variant once per iteration (interleaved, rotated), after `warmup` untimed iterations; returns
-/// the median over iterations of the slowest rank's time, per variant (microseconds).
-std::vector<double> measure(int warmup, int iters, const std::vector<variant>& variants) {
+/// How the variants of a group take turns: `block` 1 interleaves them (iteration i runs every variant
+/// once, rotated), after `warmup` untimed iterations of the group; `block` K > 1 runs each variant K
+/// timed iterations in a row, after `warmup` untimed ones of its own, the variants taking turns block
+/// by block (rotated), so that each iteration finds the cache as the same variant left it: the
+/// steady state of a loop that boxes one shape, where the interleaved order measures every variant
+/// after another one's traffic.
+struct schedule {
+  int warmup = 3, iters = 20, block = 1;
+};
+
+/// Times variants[v] once (prepare, barrier, run, finish): the slowest rank's microseconds.
+double time_once(const variant& v) {
+  v.prepare();
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto start = std::chrono::steady_clock::now();
+  v.run();
+  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  v.finish();
+  double slowest = 0;
+  MPI_Allreduce(&us, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return slowest;
+}
+
+/// Runs the variants as `s` says; returns the median over timed iterations of the slowest rank's
+/// time, per variant (microseconds).
+std::vector<double> measure(const schedule& s, const std::vector<variant>& variants) {
   std::vector<std::vector<double>> samples(variants.size());
-  for (int i = 0; i < warmup + iters; ++i)
-    for (std::size_t j = 0; j < variants.size(); ++j) {
-      // rotated: iteration i starts at variant i mod V, so that each variant follows every other one
-      // alike (the cache and pool state a variant leaves behind falls on all of them)
-      const std::size_t v = (j + static_cast<std::size_t>(i)) % variants.size();
-      variants[v].prepare();
-      MPI_Barrier(MPI_COMM_WORLD);
-      const auto start = std::chrono::steady_clock::now();
-      variants[v].run();
-      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-      variants[v].finish();
-      double slowest = 0;
-      MPI_Allreduce(&us, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      if (i >= warmup) samples[v].push_back(slowest);
-    }
+  const std::size_t count = variants.size();
+  if (s.block <= 1) {
+    for (int i = 0; i < s.warmup + s.iters; ++i)
+      for (std::size_t j = 0; j < count; ++j) {
+        // rotated: iteration i starts at variant i mod V, so that each variant follows every other one
+        // alike (the cache and pool state a variant leaves behind falls on all of them)
+        const std::size_t v = (j + static_cast<std::size_t>(i)) % count;
+        const double us = time_once(variants[v]);
+        if (i >= s.warmup) samples[v].push_back(us);
+      }
+  } else {
+    for (int done = 0, turn = 0; done < s.iters; done += s.block, ++turn)
+      for (std::size_t j = 0; j < count; ++j) {
+        const std::size_t v = (j + static_cast<std::size_t>(turn)) % count;
+        for (int i = 0; i < s.warmup; ++i) (void)time_once(variants[v]);
+        for (int i = 0; i < std::min(s.block, s.iters - done); ++i) samples[v].push_back(time_once(variants[v]));
+      }
+  }
   std::vector<double> medians;
-  for (auto& s : samples) medians.push_back(flexpar::bench::median_in_place(s));
+  for (auto& x : samples) medians.push_back(flexpar::bench::median_in_place(x));
   return medians;
 }
 
@@ -191,13 +221,19 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   CLI::App app{"flexpar_sbp_bench: boxing next to the bare collective it calls"};
   std::string begin = "1M", end = "16M";
-  int factor = 4, iters = 20, warmup = 3, repeat = 1;
+  int factor = 4, repeat = 1;
+  schedule plan;
   std::size_t cols = 256;
   app.add_option("-b,--minbytes", begin, "smallest logical tensor (bytes, K/M/G)");
   app.add_option("-e,--maxbytes", end, "largest logical tensor");
   app.add_option("-f,--stepfactor", factor, "size multiplier between rows");
-  app.add_option("--iters", iters, "measured iterations per row")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed iterations before them")->check(CLI::NonNegativeNumber);
+  app.add_option("--iters", plan.iters, "measured iterations per row")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", plan.warmup, "untimed iterations before them (before each block with --block)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--block", plan.block,
+                 "timed iterations each variant runs in a row, the variants taking turns block by block (steady "
+                 "state); 1 (the default) interleaves them iteration by iteration")
+      ->check(CLI::PositiveNumber);
   app.add_option("--repeat", repeat,
                  "measure every row this many times, all sizes in turn; then print the ratios' medians and "
                  "ranges over the repeats")
@@ -241,7 +277,7 @@ int main(int argc, char** argv) {
         {  // P -> B: allreduce, in place; with the controls (on a tensor's buffer, and A/A on a second one)
           std::vector<float> second(count);
           const auto m = measure(
-              warmup, iters,
+              plan,
               {boxing_of<partial_sum, broadcast>(mesh, shape, full),
                {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
                 [&] { flexpar::allreduce(axis, std::span(buffer), flexpar::reduce_op::sum); }, nothing},
@@ -290,7 +326,7 @@ int main(int argc, char** argv) {
             flexpar::reduce_scatter_v(axis, b, std::span<const std::size_t>(even), flexpar::reduce_op::sum,
                                       flexpar::result_at::front);
           }));
-          const auto m = measure(warmup, iters, v);
+          const auto m = measure(plan, v);
           rows.push_back({"P(sum) -> S(0)", bytes, m[0], m[1], m[2], 0});  // no pass: nothing moves
           reduce_scatter_forms.push_back({bytes, m[0], m[1], m[3], m[4]});
         }
@@ -299,7 +335,7 @@ int main(int argc, char** argv) {
           std::vector<variant> v{boxing_of<partial_sum, split<1>>(mesh, shape, full)};
           for (variant& b : bare_reduce_scatter()) v.push_back(std::move(b));
           v.push_back(memcpy_pass(scratch_a, scratch_b, count));
-          const auto m = measure(warmup, iters, v);
+          const auto m = measure(plan, v);
           rows.push_back({"P(sum) -> S(1)", bytes, m[0], m[1], m[2], m[3]});
         }
         // S(0) -> B and S(1) -> B: allgather (the second also places the received rows: (p-1)/p n bytes).
@@ -318,21 +354,21 @@ int main(int argc, char** argv) {
         {
           std::vector<variant> v{boxing_of<split<0>, broadcast>(mesh, shape, full)};
           for (variant& b : bare_allgather()) v.push_back(std::move(b));
-          const auto m = measure(warmup, iters, v);
+          const auto m = measure(plan, v);
           rows.push_back({"S(0) -> B", bytes, m[0], m[1], m[2], 0});
         }
         {
           std::vector<variant> v{boxing_of<split<1>, broadcast>(mesh, shape, full)};
           for (variant& b : bare_allgather()) v.push_back(std::move(b));
           v.push_back(memcpy_pass(scratch_a, scratch_b, count - block));
-          const auto m = measure(warmup, iters, v);
+          const auto m = measure(plan, v);
           rows.push_back({"S(1) -> B", bytes, m[0], m[1], m[2], m[3]});
         }
         {  // S(0) -> S(1): alltoall; the blocks for the other ranks are packed by columns first
           // ((p-1)/p of my shard: the bare alltoall copies my own block too, the boxing copies it once)
           std::vector<float> got(block);
           const auto m = measure(
-              warmup, iters,
+              plan,
               {boxing_of<split<0>, split<1>>(mesh, shape, full),
                {write_mine, [&] { flexpar::alltoall(axis, std::span<const float>(mine), std::span(got)); }, nothing},
                {write_mine,
@@ -347,9 +383,10 @@ int main(int argc, char** argv) {
       }
       if (rank == 0) {
         std::printf(
-            "# flexpar_sbp_bench: %d ranks, f32 tensors [n, %zu], interleaved, median of %d after %d warm-up, "
+            "# flexpar_sbp_bench: %d ranks, f32 tensors [n, %zu], %s, median of %d after %d warm-up%s, "
             "slowest rank per iteration; repeat %d of %d\n",
-            p, cols, iters, warmup, rep + 1, repeat);
+            p, cols, plan.block > 1 ? ("in blocks of " + std::to_string(plan.block)).c_str() : "interleaved",
+            plan.iters, plan.warmup, plan.block > 1 ? " per block" : "", rep + 1, repeat);
         std::printf("%-15s %9s %10s %9s %10s %8s %8s %8s %9s\n", "boxing", "bytes", "boxing(us)", "bare(us)",
                     "+alloc(us)", "pass(us)", "/bare", "/+alloc", "/bare+pass");
         for (const row& r : rows)
