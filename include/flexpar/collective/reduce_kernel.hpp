@@ -7,10 +7,10 @@
 // The op is dispatched once per call, outside the loop, so that each loop is a plain element-wise
 // expression over restrict pointers that the compiler vectorizes, built twice on x86-64: for the
 // baseline (16-byte vectors) and for AVX2 (32-byte), the second chosen where the CPU runs it
-// (checked once; the same bits either way). half and bfloat16 are widened to
-// float and rounded back once per call (accumulate_t), as NCCL does, a block of 256 elements at a
-// time: with AVX2 (bfloat16) and F16C (half) instructions where the CPU has them (checked once at
-// run time), with scalar conversions otherwise.
+// (checked once; the same bits either way, but for which NaN a NaN op NaN returns). half and
+// bfloat16 are widened to float and rounded back once per call (accumulate_t), as NCCL does, a
+// block of 256 elements at a time: with AVX2 (bfloat16) and F16C (half) instructions where the CPU
+// has them (checked once at run time), with scalar conversions otherwise.
 // Both give the same bits as core's conversions (NaN payloads aside).
 #pragma once
 
@@ -104,7 +104,9 @@ inline bool cpu_has_avx2() noexcept {
 }
 
 // The same two loops built for AVX2 (the library targets baseline x86-64, 16-byte vectors): the
-// compiler vectorizes them 32 bytes wide. The same operation on each element, so the same bits.
+// compiler vectorizes them 32 bytes wide. The same operation on each element, so the same bits; only
+// a sum or product of two NaNs may return the other NaN (the compiler may swap the operands of a
+// commutative operation, and x86 returns the first operand's NaN).
 // In cache an f32 or f64 sum runs at about twice the speed; out of cache both are bound by memory
 // (doc/collectives.md, the kernel table). Short runs gain most: on one core, 1024 sums of 128 f32
 // (the 512-byte rows of a [1024, 256] tensor split on its second axis) took 17-20 us against 28-36.
