@@ -103,8 +103,14 @@ TEST(reduce_kernel, the_avx2_loops_give_the_bits_of_the_baseline_loops) {
         for (std::size_t n = 0; n <= 100; n += n < 70 ? 1 : 10) {
           std::vector<T> a(n + 1), b(n + 1);
           for (std::size_t i = 0; i < n + 1; ++i) {
-            const std::uint64_t x = rng(), y = i % 5 == 0 ? x : rng();  // some equal pairs
-            std::memcpy(&a[i], &x, sizeof(T));
+            std::uint64_t x = rng(), y = i % 5 == 0 ? x : rng();  // some equal pairs
+            if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+              // half the type's bits, signed: sums and products stay in range (overflow is undefined)
+              constexpr int keep = static_cast<int>(sizeof(T)) * 4;
+              x = static_cast<std::uint64_t>(static_cast<std::int64_t>(x) >> (64 - keep));
+              y = static_cast<std::uint64_t>(static_cast<std::int64_t>(y) >> (64 - keep));
+            }
+            std::memcpy(&a[i], &x, sizeof(T));  // the low bytes (x86-64 is little-endian)
             std::memcpy(&b[i], &y, sizeof(T));
           }
           if constexpr (std::is_floating_point_v<T>) {
