@@ -107,9 +107,9 @@ inline bool cpu_has_avx2() noexcept {
 // compiler vectorizes them 32 bytes wide. The same operation on each element, so the same bits; only
 // a sum or product of two NaNs may return the other NaN (the compiler may swap the operands of a
 // commutative operation, and x86 returns the first operand's NaN).
-// In cache an f32 or f64 sum runs at about twice the speed; out of cache both are bound by memory
-// (doc/collectives.md, the kernel table). Short runs gain most: on one core, 1024 sums of 128 f32
-// (the 512-byte rows of a [1024, 256] tensor split on its second axis) took 17-20 us against 28-36.
+// In cache an f32 sum runs at about twice the speed, short runs (128 f32 at a stride of 256, as
+// P -> S(1) reduces them) at 1.3-1.5x; whole buffers out of cache are bound by memory either way
+// (bench_reduce_kernels; doc/collectives.md, the kernel table).
 template <element T, class Op>
 __attribute__((target("avx2"))) void reduce_loop_avx2(T* __restrict dst, const T* __restrict src, std::size_t n,
                                                       Op op) noexcept {
