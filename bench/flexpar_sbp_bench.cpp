@@ -79,7 +79,7 @@ struct schedule {
   int warmup = 3, iters = 20, block = 1;
 };
 
-/// Times variants[v] once (prepare, barrier, run, finish): the slowest rank's microseconds.
+/// Times `v` once (prepare, barrier, run, finish): the slowest rank's microseconds.
 double time_once(const variant& v) {
   v.prepare();
   MPI_Barrier(MPI_COMM_WORLD);

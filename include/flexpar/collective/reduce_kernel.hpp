@@ -87,13 +87,16 @@ decltype(auto) visit_op(reduce_op op, F&& f) {
   return f(op_sum{});  // unreachable for valid enumerators
 }
 
+// Always inlined, so that the AVX2 build below is these loops compiled for AVX2 (one body each).
 template <element T, class Op>
-void reduce_loop(T* __restrict dst, const T* __restrict src, std::size_t n, Op op) noexcept {
+[[gnu::always_inline]] inline void reduce_loop(T* __restrict dst, const T* __restrict src, std::size_t n,
+                                               Op op) noexcept {
   for (std::size_t i = 0; i < n; ++i) dst[i] = narrow<T>(op(widen(dst[i]), widen(src[i])));
 }
 
 template <element T, class Op>
-void reduce_loop(T* __restrict dst, const T* __restrict a, const T* __restrict b, std::size_t n, Op op) noexcept {
+[[gnu::always_inline]] inline void reduce_loop(T* __restrict dst, const T* __restrict a, const T* __restrict b,
+                                               std::size_t n, Op op) noexcept {
   for (std::size_t i = 0; i < n; ++i) dst[i] = narrow<T>(op(widen(a[i]), widen(b[i])));
 }
 
@@ -113,13 +116,13 @@ inline bool cpu_has_avx2() noexcept {
 template <element T, class Op>
 __attribute__((target("avx2"))) void reduce_loop_avx2(T* __restrict dst, const T* __restrict src, std::size_t n,
                                                       Op op) noexcept {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = narrow<T>(op(widen(dst[i]), widen(src[i])));
+  reduce_loop(dst, src, n, op);
 }
 
 template <element T, class Op>
 __attribute__((target("avx2"))) void reduce_loop_avx2(T* __restrict dst, const T* __restrict a, const T* __restrict b,
                                                       std::size_t n, Op op) noexcept {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = narrow<T>(op(widen(a[i]), widen(b[i])));
+  reduce_loop(dst, a, b, n, op);
 }
 #endif
 
