@@ -142,7 +142,7 @@ struct controls {
 
 /// to<To>(std::move(t)) of a tensor made by from_full (untimed), the result freed into the pool (untimed).
 template <class From, class To>
-variant boxing_of(const placement<1>& mesh, const shape_t& shape, const std::vector<float>& full) {
+variant boxing_of(const placement<1>& mesh, const shape_t& shape, const flexpar::aligned_vector<float>& full) {
   auto t = std::make_shared<std::optional<global_tensor<float, From>>>();
   auto r = std::make_shared<std::optional<global_tensor<float, To>>>();
   return {[t, &mesh, shape, &full] { t->emplace(global_tensor<float, From>::from_full(mesh, shape, full)); },
@@ -156,14 +156,14 @@ variant boxing_of(const placement<1>& mesh, const shape_t& shape, const std::vec
 /// call(buffer): the collective a boxing makes, on the buffer of a P(sum) tensor made by from_full
 /// like the boxing's (untimed), so the same memory in the same state, without the boxing.
 template <class Call>
-variant call_on_tensor(const placement<1>& mesh, const shape_t& shape, const std::vector<float>& full, Call call) {
+variant call_on_tensor(const placement<1>& mesh, const shape_t& shape, const flexpar::aligned_vector<float>& full, Call call) {
   auto t = std::make_shared<std::optional<global_tensor<float, partial_sum>>>();
   return {[t, &mesh, shape, &full] { t->emplace(global_tensor<float, partial_sum>::from_full(mesh, shape, full)); },
           [t, call] { call((*t)->to_local()); }, [t] { t->reset(); }};
 }
 
 /// A warm memcpy of `n` floats (the extra pass some boxings make), as a variant.
-variant memcpy_pass(std::vector<float>& from, std::vector<float>& to, std::size_t n) {
+variant memcpy_pass(flexpar::aligned_vector<float>& from, flexpar::aligned_vector<float>& to, std::size_t n) {
   return {nothing, [&from, &to, n] { std::memcpy(to.data(), from.data(), n * sizeof(float)); }, nothing};
 }
 
@@ -266,22 +266,22 @@ int main(int argc, char** argv) {
         const std::size_t n = bytes / sizeof(float) / cols / up * up;
         const shape_t shape{n, cols};
         const std::size_t count = n * cols, block = count / up;
-        const std::vector<float> full(count, 1.0f), shard(block, 1.0f);
+        const flexpar::aligned_vector<float> full(count, 1.0f), shard(block, 1.0f);
         // my shard as the bare allgather's and alltoall's input, written before each call as from_full
         // writes the boxing's (so both start from a shard just written)
-        std::vector<float> mine(block);
+        flexpar::aligned_vector<float> mine(block);
         const auto write_mine = [&] { std::copy(shard.begin(), shard.end(), mine.begin()); };
-        std::vector<float> buffer(count), out(count), fresh, scratch_a(count, 1.0f), scratch_b(count, 1.0f);
+        flexpar::aligned_vector<float> buffer(count), out(count), fresh, scratch_a(count, 1.0f), scratch_b(count, 1.0f);
         const std::vector<std::size_t> even(up, block);
 
         {  // P -> B: allreduce, in place; with the controls (on a tensor's buffer, and A/A on a second one)
-          std::vector<float> second(count);
+          flexpar::aligned_vector<float> second(count);
           const auto m = measure(
               plan,
               {boxing_of<partial_sum, broadcast>(mesh, shape, full),
                {[&] { std::copy(full.begin(), full.end(), buffer.begin()); },
                 [&] { flexpar::allreduce(axis, std::span(buffer), flexpar::reduce_op::sum); }, nothing},
-               {[&] { fresh = std::vector<float>(full); },
+               {[&] { fresh = flexpar::aligned_vector<float>(full); },
                 [&] { flexpar::allreduce(axis, std::span(fresh), flexpar::reduce_op::sum); }, [&] { fresh = {}; }},
                call_on_tensor(mesh, shape, full,  // the call P -> B makes: an in-place allreduce
                               [&](std::span<float> b) { flexpar::allreduce(axis, b, flexpar::reduce_op::sum); }),
@@ -303,7 +303,7 @@ int main(int argc, char** argv) {
                nothing},
               {write_full,
                [&] {
-                 fresh = std::vector<float>(block);
+                 fresh = flexpar::aligned_vector<float>(block);
                  flexpar::reduce_scatter_v(axis, std::span<const float>(buffer), std::span(fresh),
                                            std::span<const std::size_t>(even), flexpar::reduce_op::sum);
                },
@@ -346,7 +346,7 @@ int main(int argc, char** argv) {
               {write_mine, [&] { flexpar::allgather(axis, std::span<const float>(mine), std::span(out)); }, nothing},
               {write_mine,
                [&] {
-                 fresh = std::vector<float>(count);
+                 fresh = flexpar::aligned_vector<float>(count);
                  flexpar::allgather(axis, std::span<const float>(mine), std::span(fresh));
                },
                [&] { fresh = {}; }}};
@@ -366,14 +366,14 @@ int main(int argc, char** argv) {
         }
         {  // S(0) -> S(1): alltoall; the blocks for the other ranks are packed by columns first
           // ((p-1)/p of my shard: the bare alltoall copies my own block too, the boxing copies it once)
-          std::vector<float> got(block);
+          flexpar::aligned_vector<float> got(block);
           const auto m = measure(
               plan,
               {boxing_of<split<0>, split<1>>(mesh, shape, full),
                {write_mine, [&] { flexpar::alltoall(axis, std::span<const float>(mine), std::span(got)); }, nothing},
                {write_mine,
                 [&] {
-                  fresh = std::vector<float>(block);
+                  fresh = flexpar::aligned_vector<float>(block);
                   flexpar::alltoall(axis, std::span<const float>(mine), std::span(fresh));
                 },
                 [&] { fresh = {}; }},

@@ -77,7 +77,7 @@ tensor shard_gemm(const tensor& a, bool ta, const tensor& b, bool tb) {
   const auto ba = a.my_box(), bb = b.my_box();
   const std::size_t rows = ta ? ba.extent[1] : ba.extent[0], inner = ta ? ba.extent[0] : ba.extent[1];
   const std::size_t cols = tb ? bb.extent[0] : bb.extent[1];
-  std::vector<float> c(rows * cols, 0.0f);
+  flexpar::aligned_vector<float> c(rows * cols, 0.0f);
   if (rows > 0 && cols > 0 && inner > 0)
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(rows),
                 static_cast<int>(cols), static_cast<int>(inner), 1.0f, a.to_local().data(),
@@ -103,7 +103,7 @@ std::array<double, phases> timed_step(flexpar::sbp::placement<1>& mesh, const gr
       out[i] = flexpar::sbp::matmul(*in[i], *w[i]);
       clock.lap(fwd_gemm);
     } else {
-      std::vector<float> v(in[i]->to_local().begin(), in[i]->to_local().end());
+      flexpar::aligned_vector<float> v(in[i]->to_local().begin(), in[i]->to_local().end());
       for (float& e : v) e = e > 0 ? e : 0.0f;
       out[i] = tensor::from_local(in[i]->where(), in[i]->shape(), in[i]->layout(), std::move(v));
       clock.lap(relu);
@@ -123,7 +123,7 @@ std::array<double, phases> timed_step(flexpar::sbp::placement<1>& mesh, const gr
       clock.lap(grad_allreduce);
       tensor dx = shard_gemm(dy, false, *w[i], true);
       clock.lap(bwd_gemm);
-      std::vector<float> updated(w[i]->to_local().begin(), w[i]->to_local().end());
+      flexpar::aligned_vector<float> updated(w[i]->to_local().begin(), w[i]->to_local().end());
       const auto grad = dw.to_local();
       for (std::size_t k = 0; k < updated.size(); ++k) updated[k] -= grad[k] / 1024.0f;
       w[i] = tensor::from_local(w[i]->where(), w[i]->shape(), w[i]->layout(), std::move(updated));
@@ -132,7 +132,7 @@ std::array<double, phases> timed_step(flexpar::sbp::placement<1>& mesh, const gr
     } else {
       dy = to(std::move(dy), out[i]->layout());
       clock.lap(bwd_boxing);
-      std::vector<float> v(dy.to_local().begin(), dy.to_local().end());
+      flexpar::aligned_vector<float> v(dy.to_local().begin(), dy.to_local().end());
       const auto o = out[i]->to_local();
       for (std::size_t k = 0; k < v.size(); ++k)
         if (!(o[k] > 0)) v[k] = 0.0f;

@@ -202,7 +202,7 @@ tensor gemm_transposed(const tensor& a, bool transpose_a, const tensor& b, bool 
   const sbp::box ba = a.my_box(), bb = b.my_box();
   const std::size_t rows = transpose_a ? ba.extent[1] : ba.extent[0], inner = transpose_a ? ba.extent[0] : ba.extent[1];
   const std::size_t cols = transpose_b ? bb.extent[0] : bb.extent[1];
-  std::vector<float> c(rows * cols, 0.0f);
+  aligned_vector<float> c(rows * cols, 0.0f);
   if (rows > 0 && cols > 0 && inner > 0)
     cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
                 static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(inner), 1.0f, a.to_local().data(),
@@ -211,7 +211,7 @@ tensor gemm_transposed(const tensor& a, bool transpose_a, const tensor& b, bool 
   return tensor::from_local(a.where(), {m, n}, sig.out, std::move(c));
 }
 
-tensor map_local(const tensor& t, std::vector<float> values) {
+tensor map_local(const tensor& t, aligned_vector<float> values) {
   return tensor::from_local(t.where(), t.shape(), t.layout(), std::move(values));
 }
 
@@ -222,7 +222,7 @@ tensor reshaped(tensor t, const shape_t& shape) {
   for (std::size_t d = 0; d < l.rank; ++d)
     if (l[d].is_split() && l[d].axis != 0) l[d] = parallel::S(0);
   if (!(l == t.layout())) t = to(std::move(t), l);
-  std::vector<float> local(t.to_local().begin(), t.to_local().end());
+  aligned_vector<float> local(t.to_local().begin(), t.to_local().end());
   return tensor::from_local(t.where(), shape, l, std::move(local));
 }
 
@@ -315,7 +315,7 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
           expect_layout(i, *out[i], "conv2d");
           break;
         case step_kind::relu: {
-          std::vector<float> v(in[i]->to_local().begin(), in[i]->to_local().end());
+          aligned_vector<float> v(in[i]->to_local().begin(), in[i]->to_local().end());
           for (float& e : v) e = e > 0 ? e : 0.0f;
           out[i] = map_local(*in[i], std::move(v));
           break;
@@ -344,7 +344,7 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
                          sig[i].weight);
           tensor dx = conv ? sbp::conv2d_grad_input(dy, *w[i], st.pad)
                            : gemm_transposed(dy, false, *w[i], true, "input gradient");
-          std::vector<float> updated(w[i]->to_local().begin(), w[i]->to_local().end());
+          aligned_vector<float> updated(w[i]->to_local().begin(), w[i]->to_local().end());
           const auto g_local = dw.to_local();
           for (std::size_t k = 0; k < updated.size(); ++k) updated[k] -= lr * g_local[k];
           w[i] = map_local(*w[i], std::move(updated));
@@ -353,7 +353,7 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
         }
         case step_kind::relu: {  // pass the gradient where the output is positive, in the output's layout
           dy = to(std::move(dy), out[i]->layout());
-          std::vector<float> v(dy.to_local().begin(), dy.to_local().end());
+          aligned_vector<float> v(dy.to_local().begin(), dy.to_local().end());
           const auto o = out[i]->to_local();
           for (std::size_t k = 0; k < v.size(); ++k)
             if (!(o[k] > 0)) v[k] = 0.0f;

@@ -29,36 +29,69 @@ using namespace testing_support;
 
 TEST(buffer_pool, a_returned_buffer_is_handed_out_again) {
   buffer_pool pool;
-  std::vector<float> a = pool.acquire<float>(1000);
+  flexpar::aligned_vector<float> a = pool.acquire<float>(1000);
   ASSERT_EQ(a.size(), 1000u);
   const float* where = a.data();
   EXPECT_EQ(pool.stats().misses, 1u);
   pool.give_back(std::move(a));
   EXPECT_TRUE(a.empty());
   EXPECT_EQ(pool.cached_bytes(), 1000 * sizeof(float));
-  std::vector<float> b = pool.acquire<float>(900);  // same size class, fits
+  flexpar::aligned_vector<float> b = pool.acquire<float>(900);  // same size class, fits
   EXPECT_EQ(b.data(), where);
   EXPECT_EQ(b.size(), 900u);
   EXPECT_EQ(pool.stats().hits, 1u);
   EXPECT_EQ(pool.cached_bytes(), 0u);
   pool.give_back(std::move(b));
-  std::vector<float> c = pool.acquire<float>(1000);  // grows back into its capacity
+  flexpar::aligned_vector<float> c = pool.acquire<float>(1000);  // grows back into its capacity
   EXPECT_EQ(c.data(), where);
   EXPECT_EQ(c.size(), 1000u);
 }
 
+/// Whether `p` starts a cache line.
+bool on_a_cache_line(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % flexpar::cache_line_bytes == 0; }
+
+TEST(buffer_pool, every_buffer_and_every_shard_starts_on_a_cache_line) {
+  // glibc's malloc alone gives 16-byte alignment: a large std::vector<float> starts 16 bytes past a
+  // page. Sizes below and above its mmap threshold, odd ones, and every element size.
+  buffer_pool pool;
+  for (const std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{1000}, std::size_t{33333},
+                              std::size_t{1} << 20, (std::size_t{1} << 22) + 5}) {
+    const flexpar::aligned_vector<float> f = pool.acquire<float>(n);
+    const flexpar::aligned_vector<std::int8_t> b = pool.acquire<std::int8_t>(n);
+    const flexpar::aligned_vector<double> d = pool.acquire<double>(n, 1.0);
+    EXPECT_TRUE(on_a_cache_line(f.data())) << n;
+    EXPECT_TRUE(on_a_cache_line(b.data())) << n;
+    EXPECT_TRUE(on_a_cache_line(d.data())) << n;
+  }
+  run_in_process(
+      2,
+      [](communicator& comm) {
+        placement<1> mesh(comm, {2});
+        const std::vector<float> full(6 * 1001, 1.0f);
+        auto t = global_tensor<float, split<1>>::from_full(mesh, {6, 1001}, full);
+        EXPECT_TRUE(on_a_cache_line(t.to_local().data()));
+        auto b = to<broadcast>(std::move(t));  // a boxing's result, from the pool
+        EXPECT_TRUE(on_a_cache_line(b.to_local().data()));
+        const std::vector<float> mine(3 * 1001, 2.0f);  // a std::vector shard is copied into an aligned buffer
+        auto l = global_tensor<float, split<0>>::from_local(mesh, {6, 1001}, mine);
+        EXPECT_TRUE(on_a_cache_line(l.to_local().data()));
+        EXPECT_EQ(l.to_full(), std::vector<float>(6 * 1001, 2.0f));
+      },
+      flexpar::testing_support::with_timeout());
+}
+
 TEST(buffer_pool, a_request_takes_the_buffer_that_needs_the_least_filling) {
   buffer_pool pool;
-  std::vector<float> cut(1024), whole(1024);  // same capacity; `cut` is cut down to half its size
+  flexpar::aligned_vector<float> cut(1024), whole(1024);  // same capacity; `cut` is cut down to half its size
   cut.resize(512);
   const float* cut_at = cut.data();
   const float* whole_at = whole.data();
   pool.give_back(std::move(cut));
   pool.give_back(std::move(whole));  // the most recently returned
   // half a buffer: `cut` already has that size, cutting `whole` down would waste 512 elements
-  std::vector<float> half = pool.acquire<float>(512);
+  flexpar::aligned_vector<float> half = pool.acquire<float>(512);
   EXPECT_EQ(half.data(), cut_at);
-  std::vector<float> full = pool.acquire<float>(1024);  // `whole` needs no filling
+  flexpar::aligned_vector<float> full = pool.acquire<float>(1024);  // `whole` needs no filling
   EXPECT_EQ(full.data(), whole_at);
   EXPECT_EQ(pool.stats().filled, 0u);
   // with only cut-down buffers left, the one cut the least is grown, and the fill is counted
@@ -66,11 +99,11 @@ TEST(buffer_pool, a_request_takes_the_buffer_that_needs_the_least_filling) {
   full.resize(700);
   pool.give_back(std::move(full));
   pool.give_back(std::move(half));
-  std::vector<float> again = pool.acquire<float>(1024);
+  flexpar::aligned_vector<float> again = pool.acquire<float>(1024);
   EXPECT_EQ(again.data(), whole_at);
   EXPECT_EQ(pool.stats().filled, 1024u - 700u);
   // a new buffer is not counted: only reused ones are grown into
-  std::vector<float> fresh = pool.acquire<float>(4096);
+  flexpar::aligned_vector<float> fresh = pool.acquire<float>(4096);
   EXPECT_EQ(pool.stats().misses, 1u);
   EXPECT_EQ(pool.stats().filled, 1024u - 700u);
 }
@@ -78,7 +111,7 @@ TEST(buffer_pool, a_request_takes_the_buffer_that_needs_the_least_filling) {
 TEST(buffer_pool, a_buffer_far_too_large_is_not_used_for_a_small_request) {
   buffer_pool pool;
   pool.give_back(pool.acquire<double>(4096));
-  std::vector<double> small = pool.acquire<double>(100);  // 4096 is over 4x of 100: allocate instead
+  flexpar::aligned_vector<double> small = pool.acquire<double>(100);  // 4096 is over 4x of 100: allocate instead
   EXPECT_EQ(pool.stats().hits, 0u);
   EXPECT_EQ(pool.stats().misses, 2u);
   EXPECT_EQ(pool.cached_bytes(), 4096 * sizeof(double));
@@ -87,35 +120,35 @@ TEST(buffer_pool, a_buffer_far_too_large_is_not_used_for_a_small_request) {
 TEST(buffer_pool, element_types_do_not_mix) {
   buffer_pool pool;
   pool.give_back(pool.acquire<float>(64));
-  std::vector<double> d = pool.acquire<double>(32);
+  flexpar::aligned_vector<double> d = pool.acquire<double>(32);
   EXPECT_EQ(pool.stats().hits, 0u);
-  std::vector<float> f = pool.acquire<float>(64);
+  flexpar::aligned_vector<float> f = pool.acquire<float>(64);
   EXPECT_EQ(pool.stats().hits, 1u);
 }
 
 TEST(buffer_pool, the_filled_form_fills_a_reused_buffer) {
   buffer_pool pool;
-  pool.give_back(std::vector<int>(100, 7));
-  const std::vector<int> v = pool.acquire<int>(80, -1);
+  pool.give_back(flexpar::aligned_vector<int>(100, 7));
+  const flexpar::aligned_vector<int> v = pool.acquire<int>(80, -1);
   EXPECT_EQ(pool.stats().hits, 1u);
-  EXPECT_EQ(v, std::vector<int>(80, -1));
+  EXPECT_EQ(v, flexpar::aligned_vector<int>(80, -1));
 }
 
 TEST(buffer_pool, holds_at_most_its_bound) {
   buffer_pool pool(4096);
-  pool.give_back(std::vector<char>(5000));  // larger than the bound: freed
+  pool.give_back(flexpar::aligned_vector<char>(5000));  // larger than the bound: freed
   EXPECT_EQ(pool.cached_bytes(), 0u);
   EXPECT_EQ(pool.stats().dropped, 1u);
-  pool.give_back(std::vector<char>(3000));
-  pool.give_back(std::vector<char>(1000));
-  pool.give_back(std::vector<char>(200));  // 4200 > 4096: freed
+  pool.give_back(flexpar::aligned_vector<char>(3000));
+  pool.give_back(flexpar::aligned_vector<char>(1000));
+  pool.give_back(flexpar::aligned_vector<char>(200));  // 4200 > 4096: freed
   EXPECT_EQ(pool.cached_bytes(), 4000u);
   EXPECT_EQ(pool.stats().returned, 2u);
   EXPECT_EQ(pool.stats().dropped, 2u);
   pool.clear();
   EXPECT_EQ(pool.cached_bytes(), 0u);
   buffer_pool none(0);
-  none.give_back(std::vector<int>(1));
+  none.give_back(flexpar::aligned_vector<int>(1));
   EXPECT_EQ(none.cached_bytes(), 0u);
 }
 
@@ -127,7 +160,7 @@ TEST(buffer_pool, is_thread_safe) {
     workers.emplace_back([&pool, w] {
       for (int i = 0; i < rounds; ++i) {
         const auto n = static_cast<std::size_t>(1 + (i * 37 + w * 11) % 3000);
-        std::vector<std::int32_t> v = pool.acquire<std::int32_t>(n, w);
+        flexpar::aligned_vector<std::int32_t> v = pool.acquire<std::int32_t>(n, w);
         for (std::int32_t x : v) ASSERT_EQ(x, w);  // nobody else writes my buffer
         pool.give_back(std::move(v));
       }
@@ -271,7 +304,7 @@ TEST(buffer_pool, boxing_in_a_loop_fills_nothing_after_the_first_rounds) {
 template <class T>
 void poison(buffer_pool& pool, T junk) {
   for (std::size_t n = 1; n <= 512; n = n * 3 / 2 + 1)
-    for (int copies = 0; copies < 4; ++copies) pool.give_back(std::vector<T>(n, junk));
+    for (int copies = 0; copies < 4; ++copies) pool.give_back(flexpar::aligned_vector<T>(n, junk));
 }
 
 class dirty_pool : public ::testing::TestWithParam<int> {};

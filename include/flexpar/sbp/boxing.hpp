@@ -57,7 +57,7 @@ template <element T>
 struct axis_view {
   communicator& comm;    ///< the mesh-axis group
   shape_t group_shape;   ///< the tensor the group holds jointly (other axes' splits applied)
-  std::vector<T> local;  ///< my shard under the current SBP of this axis
+  aligned_vector<T> local;  ///< my shard under the current SBP of this axis
   buffer_pool& pool;     ///< where temporaries and results come from and go back to
   /// How S(i) -> B with i an inner axis streams through cache-sized slots; the same on every rank of
   /// the group. Tests pass small chunks to reach the multi-chunk paths on small tensors.
@@ -187,7 +187,7 @@ void pack_piece(std::span<const T> data, const around& v, const part& rows, std:
 
 /// Keeps elements [from, from + n) of `v` as all of `v`, in its own buffer (no new allocation).
 template <class T>
-void keep_range(std::vector<T>& v, std::size_t from, std::size_t n) {
+void keep_range(aligned_vector<T>& v, std::size_t from, std::size_t n) {
   if (from != 0)
     std::copy(v.begin() + static_cast<std::ptrdiff_t>(from), v.begin() + static_cast<std::ptrdiff_t>(from + n),
               v.begin());  // forward: dest first
@@ -315,7 +315,7 @@ void box_axis(axis_view<T>& v, partial<Op>, split<I>) {
     return;
   }
   if (a.outer != 1 && v.comm.size() > 1) {  // one rank: my block is all of it, in its order already
-    std::vector<T> packed = v.pool.template acquire<T>(v.local.size());
+    aligned_vector<T> packed = v.pool.template acquire<T>(v.local.size());
     counts = detail::pack_rows<T>(v.local, a, parts, packed);
     v.pool.give_back(std::move(v.local));
     v.local = std::move(packed);
@@ -401,7 +401,7 @@ void box_axis(axis_view<T>& v, split<I>, broadcast) {
   const auto parts = detail::parts_of(a.rows, v.comm.size());
   std::vector<std::size_t> counts(parts.size());
   for (std::size_t j = 0; j < parts.size(); ++j) counts[j] = a.outer * parts[j].count * a.inner;
-  std::vector<T> gathered = v.pool.template acquire<T>(elements_of(v.group_shape));
+  aligned_vector<T> gathered = v.pool.template acquire<T>(elements_of(v.group_shape));
   if (a.outer == 1 && v.stage.path == staged_path::automatic) {  // the bare allgather_v, by its own choice
     allgather_v(v.comm, std::span<const T>(v.local), std::span<T>(gathered), std::span<const std::size_t>(counts));
   } else if (v.comm.size() > 1 && flexpar::detail::through_shared_memory(v.comm, v.stage, "boxing S(i) -> B") &&
@@ -567,15 +567,15 @@ requires(I != J) void box_axis(axis_view<T>& v, split<I>, split<J>) {
     return elements_of(b.extent) == 0 ? 0 : at;
   };
 
-  std::vector<T> next = v.pool.template acquire<T>(elements_of(mine_next));
+  aligned_vector<T> next = v.pool.template acquire<T>(elements_of(mine_next));
   if (flexpar::detail::through_shared_memory(v.comm, v.stage, "boxing S(i) -> S(j)")) {
     detail::alltoall_in_rounds<T>(v, std::size_t{I}, rows_i, std::size_t{J}, rows_j, send_view, receive_view, next);
     v.pool.give_back(std::move(v.local));
     v.local = std::move(next);
     return;
   }
-  std::vector<T> out_stage = pack ? v.pool.template acquire<T>(v.local.size()) : std::vector<T>{};
-  std::vector<T> in_stage = unpack ? v.pool.template acquire<T>(next.size()) : std::vector<T>{};
+  aligned_vector<T> out_stage = pack ? v.pool.template acquire<T>(v.local.size()) : aligned_vector<T>{};
+  aligned_vector<T> in_stage = unpack ? v.pool.template acquire<T>(next.size()) : aligned_vector<T>{};
   // step 0
   const box own = block_of_mine(um);
   copy_box<T>(v.local, mine_now, own.offset, next, mine_next, block_of_next(um).offset, own.extent);
@@ -619,7 +619,7 @@ void box_axis(axis_view<T>& v, broadcast, split<I>) {
   const shape_t extent = with_extent(v.group_shape, I, mine.count);
   shape_t from(v.group_shape.size(), 0);
   from[I] = mine.offset;
-  std::vector<T> out = v.pool.template acquire<T>(elements_of(extent));
+  aligned_vector<T> out = v.pool.template acquire<T>(elements_of(extent));
   copy_box<T>(v.local, v.group_shape, from, out, extent, shape_t(extent.size(), 0), extent);
   v.pool.give_back(std::move(v.local));
   v.local = std::move(out);
@@ -639,7 +639,7 @@ void box_axis(axis_view<T>& v, split<I>, partial<Op>) {
   const shape_t extent = with_extent(v.group_shape, I, mine.count);
   shape_t to(v.group_shape.size(), 0);
   to[I] = mine.offset;
-  std::vector<T> out = v.pool.template acquire<T>(elements_of(v.group_shape), detail::partial_identity<T>(Op));
+  aligned_vector<T> out = v.pool.template acquire<T>(elements_of(v.group_shape), detail::partial_identity<T>(Op));
   copy_box<T>(v.local, extent, shape_t(extent.size(), 0), out, v.group_shape, to, extent);
   v.pool.give_back(std::move(v.local));
   v.local = std::move(out);
@@ -837,7 +837,7 @@ using sbp_type_of = typename sbp_type_of_impl<V, OneAxis>::type;
 /// Runs mesh axis d of one route step on my shard (`local`, the shard under `before`).
 template <element T, std::size_t MeshRank, one_axis_sbp From, one_axis_sbp To>
 void run_axis(const placement<MeshRank>& where, const shape_t& shape, const nd_parallel& before, std::size_t d,
-              std::vector<T>& local) {
+              aligned_vector<T>& local) {
   axis_view<T> v{where.axis(d), shard_box(shape, before, where.shape(), where.coords(), d).extent, std::move(local),
                  where.pool()};
   box_axis(v, From{}, To{});
@@ -846,7 +846,7 @@ void run_axis(const placement<MeshRank>& where, const shape_t& shape, const nd_p
 
 /// Runs the static route R on my shard, one box_axis overload per step.
 template <element T, std::size_t MeshRank, route R>
-void run_route(const placement<MeshRank>& where, const shape_t& shape, std::vector<T>& local) {
+void run_route(const placement<MeshRank>& where, const shape_t& shape, aligned_vector<T>& local) {
   [&]<std::size_t... K>(std::index_sequence<K...>) {
     (run_axis<T, MeshRank, type_of<R.steps[K].from>, type_of<R.steps[K].to>>(where, shape, R.before[K], R.steps[K].axis,
                                                                              local),
@@ -901,7 +901,7 @@ requires(!same_layout<From, To>) auto to(global_tensor<T, From, M>&& t) {
   } else {
     const auto where = t.where();
     const shape_t shape = t.shape();
-    std::vector<T> local = std::move(t).release();
+    aligned_vector<T> local = std::move(t).release();
     if (where.contains_me()) {
       const std::size_t chosen = cheapest(candidates_of<From, To>, extents_of(where.shape()));  // plan() here
       [&]<std::size_t... C>(std::index_sequence<C...>) {
@@ -1004,7 +1004,7 @@ auto to(const global_tensor<T, From, M>& t, const placement<N2>& dest) {
   const auto me = static_cast<std::size_t>(parent.rank());
   std::vector<std::size_t> sends(P, 0), receives(P, 0);
   buffer_pool& pool = dest.pool();
-  std::vector<T> packed;
+  aligned_vector<T> packed;
   if (src_box[me]) {
     const std::span<const T> mine = src.to_local();
     for (std::size_t q = 0; q < P; ++q)
@@ -1022,12 +1022,12 @@ auto to(const global_tensor<T, From, M>& t, const placement<N2>& dest) {
   if (dst_box[me])
     for (std::size_t q = 0; q < P; ++q)
       if (src_box[q]) receives[q] = detail::intersect(*src_box[q], *dst_box[me]).elements();
-  std::vector<T> incoming = pool.template acquire<T>(std::accumulate(receives.begin(), receives.end(), std::size_t{0}));
+  aligned_vector<T> incoming = pool.template acquire<T>(std::accumulate(receives.begin(), receives.end(), std::size_t{0}));
   alltoall_v(parent, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(incoming),
              std::span<const std::size_t>(receives));
   pool.give_back(std::move(packed));
 
-  std::vector<T> local;
+  aligned_vector<T> local;
   if (dst_box[me]) {
     local = pool.template acquire<T>(dst_box[me]->elements());
     std::size_t at = 0;

@@ -21,7 +21,7 @@
 //   - typed lists per element type behind one object (a placement holds one pool for every T);
 //   - thread-safe (one mutex): copies of a placement may be used from several threads.
 //
-// Ownership stays with std::vector<T>: a buffer is either in the pool or owned by exactly one
+// Ownership stays with aligned_vector<T>: a buffer is either in the pool or owned by exactly one
 // vector, so a global_tensor remains move-only and owns its shard; the pool frees what it holds
 // when it is destroyed (the placement's shared state owns it, and every tensor holds a copy of its
 // placement, so the pool outlives the buffers it may receive).
@@ -41,9 +41,11 @@
 #include <utility>
 #include <vector>
 
+#include <flexpar/core/aligned_vector.hpp>
+
 namespace flexpar::sbp {
 
-/// A bounded, thread-safe cache of std::vector<T> buffers of any element types (header above).
+/// A bounded, thread-safe cache of aligned_vector<T> buffers of any element types (header above).
 class buffer_pool {
  public:
   /// What the pool has done (for tests and logs).
@@ -68,16 +70,16 @@ class buffer_pool {
   /// values; the caller writes every element it reads). Elements past the previous size of a reused
   /// buffer are value-initialized.
   template <class T>
-  [[nodiscard]] std::vector<T> acquire(std::size_t n) {
-    std::vector<T> v = take<T>(n);
+  [[nodiscard]] aligned_vector<T> acquire(std::size_t n) {
+    aligned_vector<T> v = take<T>(n);
     v.resize(n);  // shrinking is free for trivially destructible T; growing fills only the tail
     return v;
   }
 
   /// A buffer of `n` copies of `value`.
   template <class T>
-  [[nodiscard]] std::vector<T> acquire(std::size_t n, const T& value) {
-    std::vector<T> v = take<T>(n);
+  [[nodiscard]] aligned_vector<T> acquire(std::size_t n, const T& value) {
+    aligned_vector<T> v = take<T>(n);
     v.assign(n, value);
     return v;
   }
@@ -85,8 +87,8 @@ class buffer_pool {
   /// Returns `v`'s buffer to the pool (or frees it when the pool is full). Leaves `v` empty.
   /// Never throws: when the free list cannot grow, the buffer is freed instead.
   template <class T>
-  void give_back(std::vector<T>&& v) noexcept {
-    std::vector<T> owned = std::move(v);
+  void give_back(aligned_vector<T>&& v) noexcept {
+    aligned_vector<T> owned = std::move(v);
     v = {};
     const std::size_t bytes = owned.capacity() * sizeof(T);
     if (bytes == 0) return;
@@ -132,7 +134,7 @@ class buffer_pool {
   };
   template <class T>
   struct typed_lists final : lists_base {
-    std::array<std::vector<std::vector<T>>, classes> by_class;  // class k: capacity in [2^k, 2^(k+1))
+    std::array<std::vector<aligned_vector<T>>, classes> by_class;  // class k: capacity in [2^k, 2^(k+1))
   };
 
   static std::size_t class_of(std::size_t n) noexcept { return n == 0 ? 0 : std::bit_width(n) - 1; }
@@ -148,7 +150,7 @@ class buffer_pool {
   /// A cached buffer of capacity >= n (class of n, or the next one), else a new empty one. Of those
   /// that fit: the least filling, then the least size cut off, then the most recently returned.
   template <class T>
-  std::vector<T> take(std::size_t n) {
+  aligned_vector<T> take(std::size_t n) {
     if (n == 0) return {};
     {
       std::lock_guard lock(mutex_);
@@ -169,7 +171,7 @@ class buffer_pool {
       }
       if (found) {
         auto& list = lists.by_class[best_class];
-        std::vector<T> v = std::move(list[best_index]);
+        aligned_vector<T> v = std::move(list[best_index]);
         list.erase(list.begin() + static_cast<std::ptrdiff_t>(best_index));
         cached_bytes_ -= v.capacity() * sizeof(T);
         ++stats_.hits;
@@ -178,7 +180,7 @@ class buffer_pool {
       }
       ++stats_.misses;
     }
-    std::vector<T> v;
+    aligned_vector<T> v;
     v.reserve(n);
     return v;
   }

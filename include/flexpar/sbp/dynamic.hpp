@@ -101,7 +101,7 @@ class dynamic_tensor {
   }
   /// Adopts `local` as my shard (its size is checked).
   static dynamic_tensor from_local(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
-                                   std::vector<T> local) {
+                                   aligned_vector<T> local) {
     dynamic_tensor t(where, std::move(shape), s);
     const std::size_t want = where.contains_me() ? t.my_box().elements() : 0;
     if (local.size() != want)
@@ -110,6 +110,16 @@ class dynamic_tensor {
                         " elements on this rank, but " + std::to_string(local.size()) + " were given");
     t.local_ = std::move(local);
     return t;
+  }
+  /// The same from another vector (a std::vector<T>): its elements are copied into a buffer of the
+  /// placement's pool.
+  template <class Allocator>
+    requires(!std::is_same_v<Allocator, cache_line_allocator<T>>)
+  static dynamic_tensor from_local(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
+                                   const std::vector<T, Allocator>& local) {
+    aligned_vector<T> copy = where.pool().template acquire<T>(local.size());
+    std::copy(local.begin(), local.end(), copy.begin());
+    return from_local(where, std::move(shape), s, std::move(copy));
   }
   /// The run-time form of a static tensor (no copy).
   template <sbp_type S, class M>
@@ -188,7 +198,7 @@ class dynamic_tensor {
   placement<MeshRank> where_;
   shape_t shape_;
   nd_parallel sbp_;
-  std::vector<T> local_;
+  aligned_vector<T> local_;
 };
 
 /// A chosen signature of a binary op: what each operand is boxed to, the output, and the cost.
@@ -269,7 +279,7 @@ dynamic_tensor<T, N> matmul(const dynamic_tensor<T, N>& a, const dynamic_tensor<
   const shape_t out_shape{a.shape()[0], b.shape()[1]};
   if (!a.where().contains_me()) return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, {});
   const box bx = x.my_box(), by = y.my_box();
-  std::vector<T> c = a.where().pool().template acquire<T>(bx.extent[0] * by.extent[1]);  // gemm writes every element
+  aligned_vector<T> c = a.where().pool().template acquire<T>(bx.extent[0] * by.extent[1]);  // gemm writes every element
   local::gemm(bx.extent[0], by.extent[1], bx.extent[1], x.to_local().data(), y.to_local().data(), c.data());
   return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, std::move(c));
 }

@@ -179,7 +179,7 @@ class global_tensor {
     if (g.rank() == root) check_full(where, t.shape_, full.size(), "scatter");
     const auto p = static_cast<std::size_t>(g.size());
     std::vector<std::size_t> sends(p, 0), receives(p, 0);
-    std::vector<T> packed;
+    aligned_vector<T> packed;
     if (g.rank() == root) {
       std::size_t total = 0;
       for (int q = 0; q < g.size(); ++q)
@@ -203,8 +203,8 @@ class global_tensor {
     return t;
   }
 
-  /// Adopts `local` as this rank's shard (local.size() must be the shard size of `shape`).
-  static global_tensor from_local(const placement_type& where, shape_t shape, std::vector<T> local) {
+  /// Adopts `local` as this rank's shard (local.size() must be the shard size of `shape`); no copy.
+  static global_tensor from_local(const placement_type& where, shape_t shape, aligned_vector<T> local) {
     global_tensor t(where, std::move(shape));
     if (!where.contains_me()) {
       if (!local.empty())
@@ -221,6 +221,16 @@ class global_tensor {
                         std::to_string(local.size()) + " were given");
     t.local_ = std::move(local);
     return t;
+  }
+
+  /// The same from another vector (a std::vector<T>, whose buffer need not lie on a cache line): its
+  /// elements are copied into a buffer of the placement's pool, one pass over the shard.
+  template <class Allocator>
+    requires(!std::is_same_v<Allocator, cache_line_allocator<T>>)
+  static global_tensor from_local(const placement_type& where, shape_t shape, const std::vector<T, Allocator>& local) {
+    aligned_vector<T> copy = where.pool().template acquire<T>(local.size());
+    std::copy(local.begin(), local.end(), copy.begin());
+    return from_local(where, std::move(shape), std::move(copy));
   }
 
   /// The logical shape.
@@ -246,8 +256,8 @@ class global_tensor {
   }
   /// Takes the storage out (the tensor is left empty); the buffer then leaves the placement's pool
   /// (boxing uses it to box in place).
-  [[nodiscard]] std::vector<T> release() && noexcept {
-    std::vector<T> out = std::move(local_);
+  [[nodiscard]] aligned_vector<T> release() && noexcept {
+    aligned_vector<T> out = std::move(local_);
     local_ = {};
     return out;
   }
@@ -262,7 +272,7 @@ class global_tensor {
   static constexpr reduce_op partial_op() noexcept { return detail::partial_op_of(nd_sbp::value); }
 
   /// For boxing: a tensor of this type from a shard it has computed (no checks beyond the size).
-  static global_tensor adopt(const placement_type& where, shape_t shape, std::vector<T> local) {
+  static global_tensor adopt(const placement_type& where, shape_t shape, aligned_vector<T> local) {
     return from_local(where, std::move(shape), std::move(local));
   }
 
@@ -286,7 +296,7 @@ class global_tensor {
 
   placement_type placement_;
   shape_t shape_;
-  std::vector<T> local_;
+  aligned_vector<T> local_;
 };
 
 }  // namespace flexpar::sbp
