@@ -4,6 +4,8 @@
 #include <flexpar/transport/ucx.hpp>
 
 #include <algorithm>
+#include <exception>
+#include <fstream>
 #include <string>
 
 namespace flexpar {
@@ -133,10 +135,44 @@ communicator communicator::from_mpi(MPI_Comm comm, const config& cfg, thread_nee
   return communicator(std::move(t), std::move(topology), cfg, std::move(own));
 }
 
+namespace {
+/// Bytes of this CPU's last-level cache as Linux describes cpu0's caches in sysfs (the highest level
+/// of a data or unified cache: "32768K"); 0 when unknown. Not sysconf(_SC_LEVEL3_CACHE_SIZE): on the
+/// 2-core AMD EPYC VM glibc reports 320 MiB there, where sysfs (and lscpu) says 32 MiB.
+std::size_t last_level_cache_bytes() {
+  int best_level = 0;
+  std::size_t best = 0;
+  for (int index = 0; index < 16; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+    int level = 0;
+    std::string type, size;
+    if (!(level_file >> level) || !(type_file >> type) || !(size_file >> size) || type == "Instruction") continue;
+    std::size_t digits = 0;
+    unsigned long long value = 0;
+    try {
+      value = std::stoull(size, &digits);
+    } catch (const std::exception&) {
+      continue;
+    }
+    const std::string unit = size.substr(digits);
+    const std::size_t bytes = static_cast<std::size_t>(value) << (unit == "K" ? 10 : unit == "M" ? 20 : unit == "G" ? 30 : 0);
+    if (level > best_level) best_level = level, best = bytes;
+  }
+  return best;
+}
+}  // namespace
+
 communicator::communicator(std::unique_ptr<flexpar::transport> t, node_topology topology, config cfg,
                            detail::owned_mpi_comm mpi)
     : transport_(std::move(t)), topology_(std::move(topology)), config_(std::move(cfg)), mpi_(std::move(mpi)) {
   if (!transport_) throw usage_error("communicator: the transport is null");
+  if (!config_.source_in_memory_min_bytes) {  // the last-level cache's share of each rank of my node
+    const std::size_t cache = last_level_cache_bytes();
+    config_.source_in_memory_min_bytes =
+        cache == 0 ? config_.streaming_min_bytes
+                   : std::max<std::size_t>(1, cache / static_cast<std::size_t>(std::max(1, topology_.local_size())));
+  }
 }
 
 std::optional<communicator> communicator::split(int color, int key) const {

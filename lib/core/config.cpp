@@ -79,6 +79,7 @@ config config::from_environment(const std::function<std::optional<std::string>(s
     return std::chrono::milliseconds(static_cast<long long>(std::llround(1000.0 * s)));
   };
   if (auto v = whole("FLEXPAR_STREAMING_MIN_BYTES")) c.streaming_min_bytes = *v;
+  if (auto v = whole("FLEXPAR_SOURCE_IN_MEMORY_MIN_BYTES")) c.source_in_memory_min_bytes = *v;
   if (auto v = whole("FLEXPAR_FUSION_THRESHOLD")) c.fusion_threshold = *v;
   if (auto v = lookup("FLEXPAR_CYCLE_TIME_MS"))
     c.cycle_time = std::chrono::microseconds(static_cast<long long>(

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <atomic>
 #include <map>
 #include <thread>
@@ -434,6 +435,28 @@ TEST(inproc_collective_contracts, hierarchical_on_uneven_nodes_is_a_usage_error)
                    },
                    test_config(), 2),
                usage_error);
+}
+
+TEST(inproc_collective_contracts, the_source_threshold_is_the_last_level_cache_shared_among_my_nodes_ranks) {
+  // Unset, config::source_in_memory_min_bytes is resolved when the communicator is made: the cache
+  // divided among the ranks of my node (or streaming_min_bytes where sysfs names no cache); a value
+  // that is set is kept. 4 ranks in nodes of 2 hold twice the share of 4 ranks in one node.
+  auto resolved = [](int ranks_per_node, std::optional<std::size_t> set) {
+    std::vector<std::size_t> seen(4);
+    config cfg = test_config();
+    cfg.source_in_memory_min_bytes = set;
+    run_in_process(
+        4, [&](communicator& comm) { seen[static_cast<std::size_t>(comm.rank())] = *comm.settings().source_in_memory_min_bytes; },
+        cfg, ranks_per_node);
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), seen[0]), 4);
+    return seen[0];
+  };
+  const std::size_t pairs = resolved(2, std::nullopt), four = resolved(4, std::nullopt);
+  if (pairs == config{}.streaming_min_bytes && four == pairs) GTEST_SKIP() << "sysfs names no cache for cpu0";
+  EXPECT_GE(pairs, 2 * four);
+  EXPECT_LE(pairs, 2 * four + 1);
+  EXPECT_EQ(resolved(2, std::size_t{12345}), 12345u);
+  EXPECT_EQ(resolved(4, std::size_t{0}), 0u);
 }
 
 TEST(inproc_collective_contracts, shared_memory_across_nodes_is_a_usage_error_that_says_why) {

@@ -43,6 +43,11 @@ TEST(config, reads_the_streaming_threshold) {
   EXPECT_EQ(from({{"FLEXPAR_STREAMING_MIN_BYTES", "67108864"}}).streaming_min_bytes, std::size_t{64} << 20);
   EXPECT_THROW((void)from({{"FLEXPAR_STREAMING_MIN_BYTES", "4M"}}), usage_error);
   EXPECT_THROW((void)from({{"FLEXPAR_STREAMING_MIN_BYTES", "-1"}}), usage_error);
+  EXPECT_FALSE(config{}.source_in_memory_min_bytes.has_value());  // the communicator resolves it
+  EXPECT_EQ(from({{"FLEXPAR_SOURCE_IN_MEMORY_MIN_BYTES", "0"}}).source_in_memory_min_bytes, std::size_t{0});
+  EXPECT_EQ(from({{"FLEXPAR_SOURCE_IN_MEMORY_MIN_BYTES", "16777216"}}).source_in_memory_min_bytes,
+            std::size_t{16} << 20);
+  EXPECT_THROW((void)from({{"FLEXPAR_SOURCE_IN_MEMORY_MIN_BYTES", "16M"}}), usage_error);
 }
 
 TEST(config, reads_the_engine_variables) {

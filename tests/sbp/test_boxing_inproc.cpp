@@ -10,6 +10,7 @@
 #include <new>
 #include <numeric>
 #include <tuple>
+#include <utility>
 
 #include <flexpar/sbp/sbp.hpp>
 #include <flexpar/transport/inproc.hpp>
@@ -186,18 +187,22 @@ TEST_P(boxing_1d, partial_to_inner_split_reduces_strided_rows_where_they_lie) {
       flexpar::testing_support::with_timeout());
 }
 
-// Whether data is taken to be in memory (config::streaming_min_bytes, FLEXPAR_STREAMING_MIN_BYTES)
-// picks streaming stores, inline run copies and, for P -> S(i), my runs packed into my own section:
-// it must change no result. At 1 byte every path takes its in-memory form on small tensors (the
-// tests above reach it only at 4 MiB), at 0 (never) none does.
-TEST_P(boxing_1d, the_streaming_threshold_changes_no_result) {
-  for (const std::size_t threshold : {std::size_t{1}, std::size_t{0}}) {
+// Whether data is taken to be in memory picks streaming stores for destinations
+// (config::streaming_min_bytes) and, for sources (config::source_in_memory_min_bytes), inline run
+// copies and, for P -> S(i), my runs packed into my own section: it must change no result. At 1 byte
+// a path takes its in-memory form on small tensors (the tests above reach it only at 4 MiB), at 0
+// (never) it does not; each of the four combinations.
+TEST_P(boxing_1d, the_streaming_thresholds_change_no_result) {
+  for (const auto [threshold, source_threshold] :
+       {std::pair<std::size_t, std::size_t>{1, 1}, {0, 0}, {1, 0}, {0, 1}}) {
     config cfg = flexpar::testing_support::with_timeout();
     cfg.streaming_min_bytes = threshold;
+    cfg.source_in_memory_min_bytes = source_threshold;
     run_in_process(
         GetParam(),
-        [threshold](communicator& comm) {
-          SCOPED_TRACE("streaming_min_bytes " + std::to_string(threshold));
+        [threshold, source_threshold](communicator& comm) {
+          SCOPED_TRACE("streaming_min_bytes " + std::to_string(threshold) + ", source_in_memory_min_bytes " +
+                       std::to_string(source_threshold));
           placement<1> mesh(comm, {comm.size()});
           int salt = 0;
           for (const shape_t& shape : {shape_t{7, 13, 5}, shape_t{11, 6, 3}, shape_t{0, 3, 2}, shape_t{3, 64, 2}}) {

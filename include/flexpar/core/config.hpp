@@ -57,6 +57,19 @@ struct config {
   /// of their bare collectives at 4-64 MiB with it, and 0.80-1.32x with 0 (never).
   std::size_t streaming_min_bytes = std::size_t{4} << 20;
 
+  /// FLEXPAR_SOURCE_IN_MEMORY_MIN_BYTES (bytes; 0 = never; unset: the last-level cache divided among
+  /// the ranks of my node, read when the communicator is made, or streaming_min_bytes where the cache
+  /// size is unknown): a source of at least this many bytes is taken to live in memory by the
+  /// boxings' packing passes (P -> S(i), S(i) -> S(j) with i, j inner axes), which then copy its short
+  /// runs inline and read it front to back once. Sources and destinations differ: a destination in
+  /// memory is worth streaming stores whether or not its source is cached, while a source held by a
+  /// large last-level cache is better read in place. Steady state, P -> S(1) against its bare
+  /// reduce-scatter: on the 16-core Intel Xeon VM (300 MiB L3, 2 ranks: 150 MiB each) 1.19x and 1.32x
+  /// at 16 and 64 MiB with 4 MiB for sources, 1.02x and 1.04x with this default; on the 2-core AMD
+  /// EPYC VM (32 MiB L3: 16 MiB each) 1.16-1.29x at 4 MiB with 4 MiB, 0.92-0.99x with this default
+  /// (doc/sbp.md, "Measured").
+  std::optional<std::size_t> source_in_memory_min_bytes;
+
   // ---- engine (include/flexpar/engine/engine.hpp) ----
 
   /// FLEXPAR_FUSION_THRESHOLD (bytes; default 128 MiB; 0 disables fusion): ready allreduces of one

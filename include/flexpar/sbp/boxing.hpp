@@ -162,6 +162,12 @@ void unpack_piece(std::span<const T> piece, const around& v, const part& rows, s
   if (streaming) flexpar::detail::store_fence();
 }
 
+/// The communicator's threshold for sources in memory (config::source_in_memory_min_bytes: resolved
+/// when the communicator was made; streaming_min_bytes for a config that never was).
+inline std::size_t source_in_memory_min_bytes(const communicator& comm) noexcept {
+  return comm.settings().source_in_memory_min_bytes.value_or(comm.settings().streaming_min_bytes);
+}
+
 /// Copies the `n` elements of one run of a pack: for a source in memory (in_memory, read
 /// from memory, where a library call per short run costs as much as its copy) inline, otherwise
 /// with memcpy (in cache, where its wider stores win).
@@ -175,11 +181,12 @@ void copy_packed_run(const T* from, T* to, std::size_t n, bool from_memory) {
 }
 
 /// The inverse: packs elements [from, from + piece.size()) of rows `rows` of `data` into `piece`
-/// (a staging slot, which stays in cache: plain stores).
+/// (a staging slot, which stays in cache: plain stores); from a `data` in memory (in_memory with the
+/// threshold for sources, `source_min_bytes`) with copy_packed_run's inline copy.
 template <class T>
 void pack_piece(std::span<const T> data, const around& v, const part& rows, std::size_t from, std::span<T> piece,
-                std::size_t streaming_min_bytes) {
-  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), streaming_min_bytes);
+                std::size_t source_min_bytes) {
+  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), source_min_bytes);
   for_each_run(v, rows, from, piece.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
     copy_packed_run(data.data() + at, piece.data() + done, m, from_memory);
   });
@@ -239,8 +246,8 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
   const char* name = "boxing P -> S(i) (shared_memory)";
   // a summand in cache is read in place (copying my own runs would be one more pass); one in memory
   // is read front to back by the pack, my runs into my own section
-  const std::size_t streaming_min_bytes = v.comm.settings().streaming_min_bytes;
-  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), streaming_min_bytes),
+  const std::size_t source_min_bytes = source_in_memory_min_bytes(v.comm);
+  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), source_min_bytes),
              mine_in_place = !from_memory;
   const auto um = static_cast<std::size_t>(me);
   auto reduce_mine = [&](std::uint64_t, std::span<T> result, std::span<const T> my_section, std::span<const T> theirs) {
@@ -288,7 +295,7 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
           if (!sections[q].empty() && !(mine_in_place && q == um))
-            pack_piece<T>(std::span<const T>(data), a, parts[q], k * chunks.chunk, sections[q], streaming_min_bytes);
+            pack_piece<T>(std::span<const T>(data), a, parts[q], k * chunks.chunk, sections[q], source_min_bytes);
       },
       reduce_mine, out, op, name);
 }
@@ -482,7 +489,7 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
       return flexpar::detail::round_piece{first * run, first < outer ? std::min(per_round, outer - first) * run : 0};
     };
     const std::size_t stride = send_view.rows * send_view.inner;
-    const bool from_memory = flexpar::detail::in_memory(v.local.size() * sizeof(T), streaming_min_bytes);
+    const bool from_memory = flexpar::detail::in_memory(v.local.size() * sizeof(T), source_in_memory_min_bytes(v.comm));
     const bool streaming = flexpar::detail::in_memory(next.size_bytes(), streaming_min_bytes);
     const std::size_t um = static_cast<std::size_t>(v.comm.rank()), my_run = rows_j[um].count * send_view.inner;
     flexpar::detail::shared_memory_alltoall_placed<T>(
@@ -523,7 +530,7 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
           if (!sections[q].empty())
-            pack_piece<T>(v.local, send_view, rows_j[q], k * chunks.chunk, sections[q], streaming_min_bytes);
+            pack_piece<T>(v.local, send_view, rows_j[q], k * chunks.chunk, sections[q], source_in_memory_min_bytes(v.comm));
       },
       place, op);
 }
