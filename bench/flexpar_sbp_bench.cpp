@@ -27,7 +27,9 @@
 //   data movement of the boxing: my block, reduced, in a buffer of its own); a second table sets the
 //   boxing next to the two in-place forms as well: my block left at its offset of the n-element
 //   buffer, and at its front (the call the boxing makes, on the buffer of a tensor made like the
-//   boxing's: same memory, same state, without the boxing).
+//   boxing's: same memory, same state, without the boxing). P -> S(1)'s group has that front call
+//   too: the fastest form of the bare, the call P -> S(1) makes on strided rows made on contiguous
+//   blocks (on the Intel host the out-of-place form took up to 2.6x of it at 1 MiB).
 // Two controls sit beside P -> B, whose boxing makes exactly the bare's call (an in-place allreduce):
 // the same call on the buffer of a tensor made by from_full ("on tensor": the boxing's memory, without
 // the boxing), and the bare again on a second buffer of the caller's ("A/A": two runs of one call on
@@ -131,6 +133,7 @@ struct row {
 struct forms {
   std::size_t bytes;
   double boxed_us, out_of_place_us, my_block_us, front_us;
+  double strided_boxed_us = 0, strided_front_us = 0;  ///< P -> S(1), and the front form in its group
 };
 
 /// P -> B next to its controls (microseconds): the bare allreduce on a from_full tensor's buffer, and
@@ -188,13 +191,20 @@ void print_over_repeats(const std::vector<std::vector<row>>& repeats,
                 repeats.front()[i].bytes, mid, bare.front(), bare.back(), flexpar::bench::median_in_place(alloc),
                 flexpar::bench::median_in_place(pass));
   }
-  std::printf("# P(sum) -> S(0) against the in-place call it makes (front), over the repeats\n");
-  std::printf("%9s %8s %15s\n", "bytes", "/front", "/front range");
+  std::printf(
+      "# P(sum) -> S(0) against the in-place call it makes (front), and P(sum) -> S(1) against the same call "
+      "(its bare on contiguous blocks), over the repeats\n");
+  std::printf("%9s %8s %15s %10s %17s\n", "bytes", "/front", "/front range", "S(1)/front", "S(1)/front range");
   for (std::size_t i = 0; i < form_repeats.front().size(); ++i) {
-    std::vector<double> front;
-    for (const std::vector<forms>& f : form_repeats) front.push_back(f[i].boxed_us / f[i].front_us);
-    const double mid = flexpar::bench::median_in_place(front);  // sorts: front() and back() are the range
-    std::printf("%9zu %7.2fx %7.2f-%5.2fx\n", form_repeats.front()[i].bytes, mid, front.front(), front.back());
+    std::vector<double> front, strided;
+    for (const std::vector<forms>& f : form_repeats) {
+      front.push_back(f[i].boxed_us / f[i].front_us);
+      strided.push_back(f[i].strided_boxed_us / f[i].strided_front_us);
+    }
+    // each median_in_place sorts its vector: front() and back() are then the range
+    const double mid = flexpar::bench::median_in_place(front), mid_strided = flexpar::bench::median_in_place(strided);
+    std::printf("%9zu %7.2fx %7.2f-%5.2fx %9.2fx %9.2f-%5.2fx\n", form_repeats.front()[i].bytes, mid, front.front(),
+                front.back(), mid_strided, strided.front(), strided.back());
   }
   std::printf("# P(sum) -> B against its call on a tensor's buffer, and the A/A control, over the repeats\n");
   std::printf("%9s %11s %17s %8s %15s\n", "bytes", "/on-tensor", "/on-tensor range", "A/A", "A/A range");
@@ -335,8 +345,16 @@ int main(int argc, char** argv) {
           std::vector<variant> v{boxing_of<partial_sum, split<1>>(mesh, shape, full)};
           for (variant& b : bare_reduce_scatter()) v.push_back(std::move(b));
           v.push_back(memcpy_pass(scratch_a, scratch_b, count));
+          // the call P -> S(0) makes, on a summand whose blocks are contiguous: the fastest form of
+          // the bare, which P -> S(1) makes on strided rows
+          v.push_back(call_on_tensor(mesh, shape, full, [&](std::span<float> b) {
+            flexpar::reduce_scatter_v(axis, b, std::span<const std::size_t>(even), flexpar::reduce_op::sum,
+                                      flexpar::result_at::front);
+          }));
           const auto m = measure(plan, v);
           rows.push_back({"P(sum) -> S(1)", bytes, m[0], m[1], m[2], m[3]});
+          reduce_scatter_forms.back().strided_boxed_us = m[0];
+          reduce_scatter_forms.back().strided_front_us = m[4];
         }
         // S(0) -> B and S(1) -> B: allgather (the second also places the received rows: (p-1)/p n bytes).
         // Each in its own interleaved group next to the bare allgather: measured in one group, the first
@@ -397,12 +415,13 @@ int main(int argc, char** argv) {
             "# P(sum) -> S(0) and the forms of the bare reduce_scatter_v: out of place (the bare above), in "
             "place with my block left at its offset, in place with it at the front of a from_full tensor's buffer (the "
             "call the boxing makes, on the memory it makes it on)\n");
-        std::printf("%9s %10s %12s %12s %10s %9s %9s %9s\n", "bytes", "boxing(us)", "out-of-pl(us)", "my_block(us)",
-                    "front(us)", "/out-pl", "/my_blk", "/front");
+        std::printf("%9s %10s %12s %12s %10s %9s %9s %9s %12s %12s\n", "bytes", "boxing(us)", "out-of-pl(us)",
+                    "my_block(us)", "front(us)", "/out-pl", "/my_blk", "/front", "S(1)/front", "(in its group)");
         for (const forms& f : reduce_scatter_forms)
-          std::printf("%9zu %10.1f %12.1f %12.1f %10.1f %8.2fx %8.2fx %8.2fx\n", f.bytes, f.boxed_us, f.out_of_place_us,
-                      f.my_block_us, f.front_us, f.boxed_us / f.out_of_place_us, f.boxed_us / f.my_block_us,
-                      f.boxed_us / f.front_us);
+          std::printf("%9zu %10.1f %12.1f %12.1f %10.1f %8.2fx %8.2fx %8.2fx %11.2fx %10.1fus\n", f.bytes, f.boxed_us,
+                      f.out_of_place_us, f.my_block_us, f.front_us, f.boxed_us / f.out_of_place_us,
+                      f.boxed_us / f.my_block_us, f.boxed_us / f.front_us, f.strided_boxed_us / f.strided_front_us,
+                      f.strided_front_us);
         std::printf(
             "# controls: P(sum) -> B's call (in-place allreduce) on a from_full tensor's buffer (on-tensor), and the "
             "bare again on a second buffer of the caller's (A/A: the resolution of a ratio here)\n");
