@@ -9,8 +9,9 @@
 // on all of them alike over the blocks):
 //   - "bare": the flexpar collective doing the same data movement, on the communicator the boxing
 //     calls it on (the mesh axis's group), on buffers the caller owns and reuses (the best case of a
-//     hand-written program), its input written in the untimed preparation as from_full writes the
-//     boxing's (so both start from data just written);
+//     hand-written program; 64-byte aligned flexpar::aligned_vector, as the tensors' shards), its
+//     input written in the untimed preparation as from_full writes the boxing's (so both start from
+//     data just written);
 //   - "bare+alloc": the same collective with its output vector allocated fresh in the timed region
 //     (what boxing cost before the tensors' buffer pool: a new tensor per call); for the in-place
 //     P -> B, a buffer made fresh before the timing;
@@ -159,7 +160,8 @@ variant boxing_of(const placement<1>& mesh, const shape_t& shape, const flexpar:
 /// call(buffer): the collective a boxing makes, on the buffer of a P(sum) tensor made by from_full
 /// like the boxing's (untimed), so the same memory in the same state, without the boxing.
 template <class Call>
-variant call_on_tensor(const placement<1>& mesh, const shape_t& shape, const flexpar::aligned_vector<float>& full, Call call) {
+variant call_on_tensor(const placement<1>& mesh, const shape_t& shape, const flexpar::aligned_vector<float>& full,
+                       Call call) {
   auto t = std::make_shared<std::optional<global_tensor<float, partial_sum>>>();
   return {[t, &mesh, shape, &full] { t->emplace(global_tensor<float, partial_sum>::from_full(mesh, shape, full)); },
           [t, call] { call((*t)->to_local()); }, [t] { t->reset(); }};

@@ -156,7 +156,10 @@ std::size_t last_level_cache_bytes() {
       continue;
     }
     const std::string unit = size.substr(digits);
-    const std::size_t bytes = static_cast<std::size_t>(value) << (unit == "K" ? 10 : unit == "M" ? 20 : unit == "G" ? 30 : 0);
+    const std::size_t bytes = static_cast<std::size_t>(value) << (unit == "K"   ? 10
+                                                                  : unit == "M" ? 20
+                                                                  : unit == "G" ? 30
+                                                                                : 0);
     if (level > best_level) best_level = level, best = bytes;
   }
   return best;

@@ -3,9 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <optional>
 #include <atomic>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include <flexpar/collective.hpp>
@@ -446,7 +446,10 @@ TEST(inproc_collective_contracts, the_source_threshold_is_the_last_level_cache_s
     config cfg = test_config();
     cfg.source_in_memory_min_bytes = set;
     run_in_process(
-        4, [&](communicator& comm) { seen[static_cast<std::size_t>(comm.rank())] = *comm.settings().source_in_memory_min_bytes; },
+        4,
+        [&](communicator& comm) {
+          seen[static_cast<std::size_t>(comm.rank())] = *comm.settings().source_in_memory_min_bytes;
+        },
         cfg, ranks_per_node);
     EXPECT_EQ(std::count(seen.begin(), seen.end(), seen[0]), 4);
     return seen[0];

@@ -33,10 +33,10 @@ struct cache_line_allocator {
 
   /// `n` uninitialized elements, the first on a cache_line_bytes boundary.
   [[nodiscard]] T* allocate(std::size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{alignment()}));
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{alignment()}));
   }
   /// Frees a block from allocate().
-  void deallocate(T* p, std::size_t n) noexcept { ::operator delete(p, n * sizeof(T), std::align_val_t{alignment()}); }
+  void deallocate(T* p, std::size_t n) noexcept { ::operator delete (p, n * sizeof(T), std::align_val_t{alignment()}); }
 
   /// Any two compare equal: a block from one may be freed by another.
   template <class U>

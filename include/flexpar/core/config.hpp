@@ -48,13 +48,13 @@ struct config {
   /// a core.
   std::chrono::microseconds spin{100000};
 
-  /// FLEXPAR_STREAMING_MIN_BYTES (bytes; default 4 MiB; 0 = never): data of at least this many
-  /// bytes is taken to live in memory, not in cache, by the shared-memory collectives and the
-  /// boxings: a destination this large is written with streaming (non-temporal) stores, a source this
-  /// large is copied with the inline run copy and read front to back. Where it pays depends on the
-  /// machine (doc/sbp.md, "Measured"): on a 2-core AMD EPYC VM streaming from 4 MiB on was as fast or
-  /// faster; on a 16-core Intel Xeon VM (an H100 host) the boxings with 512-byte runs ran 1.27-1.89x
-  /// of their bare collectives at 4-64 MiB with it, and 0.80-1.32x with 0 (never).
+  /// FLEXPAR_STREAMING_MIN_BYTES (bytes; default 4 MiB; 0 = never): a destination of at least this
+  /// many bytes is taken to live in memory, not in cache, by the shared-memory collectives and the
+  /// boxings, and written with streaming (non-temporal) stores. Where it pays depends on the machine
+  /// (doc/sbp.md, "Measured"): on a 2-core AMD EPYC VM streaming from 4 MiB on was as fast or faster;
+  /// on a 16-core Intel Xeon VM (an H100 host) S(1) -> B of 16-64 MiB took 0.98-1.00x of its bare
+  /// allgather with it and 1.17-1.18x with 0 (never), once the buffers were 64-byte aligned. Sources
+  /// have their own threshold (below).
   std::size_t streaming_min_bytes = std::size_t{4} << 20;
 
   /// FLEXPAR_SOURCE_IN_MEMORY_MIN_BYTES (bytes; 0 = never; unset: the last-level cache divided among

@@ -24,11 +24,11 @@
 
 namespace flexpar::detail {
 
-/// Whether data of `bytes` is taken to live in memory rather than in cache, given the communicator's
-/// threshold (config::streaming_min_bytes, FLEXPAR_STREAMING_MIN_BYTES; 0 = never): destinations this
-/// large get streaming stores, sources this large the inline run copy. The default, 4 MiB, is far
-/// beyond a core's 2 MiB L2 on the machine it was measured on, where streaming from 4 MiB on was as
-/// fast or faster; another machine may want another value (doc/sbp.md, "Measured").
+/// Whether data of `bytes` is taken to live in memory rather than in cache, given one of the
+/// communicator's thresholds (0 = never): for destinations config::streaming_min_bytes
+/// (FLEXPAR_STREAMING_MIN_BYTES, default 4 MiB: streaming stores), for the sources of the boxings'
+/// packing passes config::source_in_memory_min_bytes (the last-level cache's share of each rank by
+/// default: the inline run copy). Another machine may want other values (doc/sbp.md, "Measured").
 constexpr bool in_memory(std::size_t bytes, std::size_t streaming_min_bytes) noexcept {
   return streaming_min_bytes != 0 && bytes >= streaming_min_bytes;
 }

@@ -55,10 +55,10 @@ namespace flexpar::sbp {
 /// and my shard (replaced by the transform).
 template <element T>
 struct axis_view {
-  communicator& comm;    ///< the mesh-axis group
-  shape_t group_shape;   ///< the tensor the group holds jointly (other axes' splits applied)
+  communicator& comm;       ///< the mesh-axis group
+  shape_t group_shape;      ///< the tensor the group holds jointly (other axes' splits applied)
   aligned_vector<T> local;  ///< my shard under the current SBP of this axis
-  buffer_pool& pool;     ///< where temporaries and results come from and go back to
+  buffer_pool& pool;        ///< where temporaries and results come from and go back to
   /// How S(i) -> B with i an inner axis streams through cache-sized slots; the same on every rank of
   /// the group. Tests pass small chunks to reach the multi-chunk paths on small tensors.
   staging stage{};
@@ -530,7 +530,8 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
           if (!sections[q].empty())
-            pack_piece<T>(v.local, send_view, rows_j[q], k * chunks.chunk, sections[q], source_in_memory_min_bytes(v.comm));
+            pack_piece<T>(v.local, send_view, rows_j[q], k * chunks.chunk, sections[q],
+                          source_in_memory_min_bytes(v.comm));
       },
       place, op);
 }
@@ -1029,7 +1030,8 @@ auto to(const global_tensor<T, From, M>& t, const placement<N2>& dest) {
   if (dst_box[me])
     for (std::size_t q = 0; q < P; ++q)
       if (src_box[q]) receives[q] = detail::intersect(*src_box[q], *dst_box[me]).elements();
-  aligned_vector<T> incoming = pool.template acquire<T>(std::accumulate(receives.begin(), receives.end(), std::size_t{0}));
+  aligned_vector<T> incoming =
+      pool.template acquire<T>(std::accumulate(receives.begin(), receives.end(), std::size_t{0}));
   alltoall_v(parent, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(incoming),
              std::span<const std::size_t>(receives));
   pool.give_back(std::move(packed));

@@ -114,9 +114,9 @@ class dynamic_tensor {
   /// The same from another vector (a std::vector<T>): its elements are copied into a buffer of the
   /// placement's pool.
   template <class Allocator>
-    requires(!std::is_same_v<Allocator, cache_line_allocator<T>>)
-  static dynamic_tensor from_local(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
-                                   const std::vector<T, Allocator>& local) {
+  requires(!std::is_same_v<Allocator, cache_line_allocator<T>>) static dynamic_tensor
+      from_local(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
+                 const std::vector<T, Allocator>& local) {
     aligned_vector<T> copy = where.pool().template acquire<T>(local.size());
     std::copy(local.begin(), local.end(), copy.begin());
     return from_local(where, std::move(shape), s, std::move(copy));

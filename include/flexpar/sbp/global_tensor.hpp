@@ -226,8 +226,8 @@ class global_tensor {
   /// The same from another vector (a std::vector<T>, whose buffer need not lie on a cache line): its
   /// elements are copied into a buffer of the placement's pool, one pass over the shard.
   template <class Allocator>
-    requires(!std::is_same_v<Allocator, cache_line_allocator<T>>)
-  static global_tensor from_local(const placement_type& where, shape_t shape, const std::vector<T, Allocator>& local) {
+  requires(!std::is_same_v<Allocator, cache_line_allocator<T>>) static global_tensor
+      from_local(const placement_type& where, shape_t shape, const std::vector<T, Allocator>& local) {
     aligned_vector<T> copy = where.pool().template acquire<T>(local.size());
     std::copy(local.begin(), local.end(), copy.begin());
     return from_local(where, std::move(shape), std::move(copy));

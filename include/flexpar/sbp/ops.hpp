@@ -444,7 +444,7 @@ inline shape_t conv_out_shape(int rank, conv_pass pass, const shape_t& a, const 
 /// extents. @throws usage_error when the shards do not fit together (e.g. unequal channel splits).
 template <class T>
 aligned_vector<T> conv_local(int rank, conv_pass pass, const shape_t& la, const T* a, const shape_t& lb, const T* b,
-                          const shape_t& out, std::size_t pad) {
+                             const shape_t& out, std::size_t pad) {
   local::conv2d_geometry g;
   g.pad_h = g.pad_w = pad;
   const shape_t& x = pass == conv_pass::grad_input ? out : la;
