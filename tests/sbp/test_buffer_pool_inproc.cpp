@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -132,6 +133,16 @@ TEST(buffer_pool, the_filled_form_fills_a_reused_buffer) {
   const flexpar::aligned_vector<int> v = pool.acquire<int>(80, -1);
   EXPECT_EQ(pool.stats().hits, 1u);
   EXPECT_EQ(v, flexpar::aligned_vector<int>(80, -1));
+}
+
+TEST(buffer_pool, the_copying_form_copies_into_a_reused_buffer) {
+  buffer_pool pool;
+  pool.give_back(flexpar::aligned_vector<int>(8, 7));
+  const std::vector<int> values{1, 2, 3, 4, 5};  // the old 7s must not show through
+  const flexpar::aligned_vector<int> v = pool.acquire_copy(std::span<const int>(values));
+  EXPECT_EQ(pool.stats().hits, 1u);
+  EXPECT_EQ(std::vector<int>(v.begin(), v.end()), values);
+  EXPECT_TRUE(pool.acquire_copy(std::span<const int>()).empty());
 }
 
 TEST(buffer_pool, holds_at_most_its_bound) {

@@ -470,7 +470,8 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
   auto block = [&](int from, int to) {
     return counts[static_cast<std::size_t>(from) * up + static_cast<std::size_t>(to)];
   };
-  const std::size_t streaming_min_bytes = v.comm.settings().streaming_min_bytes;
+  const std::size_t streaming_min_bytes = v.comm.settings().streaming_min_bytes,
+                    source_min_bytes = source_in_memory_min_bytes(v.comm);
   auto place = [&](int q, std::size_t offset, std::span<const T> piece) {
     unpack_piece<T>(piece, receive_view, rows_i[static_cast<std::size_t>(q)], offset, next, streaming_min_bytes);
   };
@@ -489,7 +490,7 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
       return flexpar::detail::round_piece{first * run, first < outer ? std::min(per_round, outer - first) * run : 0};
     };
     const std::size_t stride = send_view.rows * send_view.inner;
-    const bool from_memory = flexpar::detail::in_memory(v.local.size() * sizeof(T), source_in_memory_min_bytes(v.comm));
+    const bool from_memory = flexpar::detail::in_memory(v.local.size() * sizeof(T), source_min_bytes);
     const bool streaming = flexpar::detail::in_memory(next.size_bytes(), streaming_min_bytes);
     const std::size_t um = static_cast<std::size_t>(v.comm.rank()), my_run = rows_j[um].count * send_view.inner;
     flexpar::detail::shared_memory_alltoall_placed<T>(
@@ -530,8 +531,7 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
           if (!sections[q].empty())
-            pack_piece<T>(v.local, send_view, rows_j[q], k * chunks.chunk, sections[q],
-                          source_in_memory_min_bytes(v.comm));
+            pack_piece<T>(v.local, send_view, rows_j[q], k * chunks.chunk, sections[q], source_min_bytes);
       },
       place, op);
 }

@@ -37,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <span>
 #include <typeindex>
 #include <utility>
 #include <vector>
@@ -81,6 +82,14 @@ class buffer_pool {
   [[nodiscard]] aligned_vector<T> acquire(std::size_t n, const T& value) {
     aligned_vector<T> v = take<T>(n);
     v.assign(n, value);
+    return v;
+  }
+
+  /// A buffer holding a copy of `values` (a clone's shard; a std::vector adopted as a shard).
+  template <class T>
+  [[nodiscard]] aligned_vector<T> acquire_copy(std::span<const T> values) {
+    aligned_vector<T> v = take<T>(values.size());
+    v.assign(values.begin(), values.end());
     return v;
   }
 

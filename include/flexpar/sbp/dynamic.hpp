@@ -117,9 +117,7 @@ class dynamic_tensor {
   requires(!std::is_same_v<Allocator, cache_line_allocator<T>>) static dynamic_tensor
       from_local(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
                  const std::vector<T, Allocator>& local) {
-    aligned_vector<T> copy = where.pool().template acquire<T>(local.size());
-    std::copy(local.begin(), local.end(), copy.begin());
-    return from_local(where, std::move(shape), s, std::move(copy));
+    return from_local(where, std::move(shape), s, where.pool().acquire_copy(std::span<const T>(local)));
   }
   /// The run-time form of a static tensor (no copy).
   template <sbp_type S, class M>
@@ -152,8 +150,7 @@ class dynamic_tensor {
   /// An explicit deep copy.
   [[nodiscard]] dynamic_tensor clone() const {
     dynamic_tensor t(where_, shape_, sbp_);
-    t.local_ = where_.pool().template acquire<T>(local_.size());
-    std::copy(local_.begin(), local_.end(), t.local_.begin());
+    t.local_ = where_.pool().acquire_copy(std::span<const T>(local_));
     return t;
   }
 

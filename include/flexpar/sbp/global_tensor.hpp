@@ -228,9 +228,7 @@ class global_tensor {
   template <class Allocator>
   requires(!std::is_same_v<Allocator, cache_line_allocator<T>>) static global_tensor
       from_local(const placement_type& where, shape_t shape, const std::vector<T, Allocator>& local) {
-    aligned_vector<T> copy = where.pool().template acquire<T>(local.size());
-    std::copy(local.begin(), local.end(), copy.begin());
-    return from_local(where, std::move(shape), std::move(copy));
+    return from_local(where, std::move(shape), where.pool().acquire_copy(std::span<const T>(local)));
   }
 
   /// The logical shape.
@@ -250,8 +248,7 @@ class global_tensor {
   /// An explicit deep copy.
   [[nodiscard]] global_tensor clone() const {
     global_tensor t(placement_, shape_);
-    t.local_ = placement_.pool().template acquire<T>(local_.size());
-    std::copy(local_.begin(), local_.end(), t.local_.begin());
+    t.local_ = placement_.pool().acquire_copy(std::span<const T>(local_));
     return t;
   }
   /// Takes the storage out (the tensor is left empty); the buffer then leaves the placement's pool
