@@ -246,20 +246,24 @@ std::vector<std::size_t> pool_argmax(const float* x, std::size_t planes, std::si
   return arg;
 }
 
-std::vector<float> pool_forward(const float* x, std::size_t planes, std::size_t h, std::size_t w, const op_step& st) {
+/// The pooled planes, into a new `Out` (std::vector for the serial reference, aligned_vector for a
+/// shard: adopted by from_local without a copy).
+template <class Out>
+Out pool_forward(const float* x, std::size_t planes, std::size_t h, std::size_t w, const op_step& st) {
   const std::vector<std::size_t> arg = pool_argmax(x, planes, h, w, st);
   const std::size_t per = st.out[2] * st.out[3];
-  std::vector<float> y(arg.size());
+  Out y(arg.size());
   for (std::size_t k = 0; k < arg.size(); ++k) y[k] = x[(k / per) * h * w + arg[k]];
   return y;
 }
 
 /// The input gradient of pool_forward: each output's gradient added at its window's maximum.
-std::vector<float> pool_backward(const float* x, const float* dy, std::size_t planes, std::size_t h, std::size_t w,
-                                 const op_step& st) {
+template <class Out>
+Out pool_backward(const float* x, const float* dy, std::size_t planes, std::size_t h, std::size_t w,
+                  const op_step& st) {
   const std::vector<std::size_t> arg = pool_argmax(x, planes, h, w, st);
   const std::size_t per = st.out[2] * st.out[3];
-  std::vector<float> dx(planes * h * w, 0.0f);
+  Out dx(planes * h * w, 0.0f);
   for (std::size_t k = 0; k < arg.size(); ++k) dx[(k / per) * h * w + arg[k]] += dy[k];
   return dx;
 }
@@ -324,7 +328,8 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
           const sbp::box b = in[i]->my_box();
           out[i] = tensor::from_local(
               mesh, st.out, in[i]->layout(),
-              pool_forward(in[i]->to_local().data(), b.extent[0] * b.extent[1], b.extent[2], b.extent[3], st));
+              pool_forward<aligned_vector<float>>(in[i]->to_local().data(), b.extent[0] * b.extent[1], b.extent[2],
+                                                  b.extent[3], st));
           break;
         }
       }
@@ -363,9 +368,10 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
         case step_kind::max_pool: {
           dy = to(std::move(dy), out[i]->layout());
           const sbp::box b = in[i]->my_box();
-          dy = tensor::from_local(mesh, st.in, in[i]->layout(),
-                                  pool_backward(in[i]->to_local().data(), dy.to_local().data(),
-                                                b.extent[0] * b.extent[1], b.extent[2], b.extent[3], st));
+          dy = tensor::from_local(
+              mesh, st.in, in[i]->layout(),
+              pool_backward<aligned_vector<float>>(in[i]->to_local().data(), dy.to_local().data(),
+                                                   b.extent[0] * b.extent[1], b.extent[2], b.extent[3], st));
           break;
         }
       }
@@ -424,7 +430,9 @@ execution_result execute_serial(const graph& g, std::span<const float> input, st
       case step_kind::relu:
         for (std::size_t k = 0; k < y.size(); ++k) y[k] = x[k] > 0 ? x[k] : 0.0f;
         break;
-      case step_kind::max_pool: y = pool_forward(x.data(), batch * st.in[1], st.in[2], st.in[3], st); break;
+      case step_kind::max_pool:
+        y = pool_forward<std::vector<float>>(x.data(), batch * st.in[1], st.in[2], st.in[3], st);
+        break;
     }
     acts.push_back(std::move(y));
   }
@@ -456,7 +464,7 @@ execution_result execute_serial(const graph& g, std::span<const float> input, st
         for (std::size_t k = 0; k < dy.size(); ++k) dx[k] = acts[i + 1][k] > 0 ? dy[k] : 0.0f;
         break;
       case step_kind::max_pool:
-        dx = pool_backward(x.data(), dy.data(), batch * st.in[1], st.in[2], st.in[3], st);
+        dx = pool_backward<std::vector<float>>(x.data(), dy.data(), batch * st.in[1], st.in[2], st.in[3], st);
         break;
     }
     if (!st.weight.empty())

@@ -193,7 +193,8 @@ TEST_P(boxing_1d, partial_to_inner_split_reduces_strided_rows_where_they_lie) {
 // a path takes its in-memory form on small tensors (the tests above reach it only at 4 MiB), at 0
 // (never) it does not; each of the four combinations.
 TEST_P(boxing_1d, the_streaming_thresholds_change_no_result) {
-  for (const auto [threshold, source_threshold] : {std::pair<std::size_t, std::size_t>{1, 1}, {0, 0}, {1, 0}, {0, 1}}) {
+  for (const auto& [threshold, source_threshold] :
+       {std::pair<std::size_t, std::size_t>{1, 1}, {0, 0}, {1, 0}, {0, 1}}) {
     config cfg = flexpar::testing_support::with_timeout();
     cfg.streaming_min_bytes = threshold;
     cfg.source_in_memory_min_bytes = source_threshold;
