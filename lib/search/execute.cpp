@@ -222,8 +222,8 @@ tensor reshaped(tensor t, const shape_t& shape) {
   for (std::size_t d = 0; d < l.rank; ++d)
     if (l[d].is_split() && l[d].axis != 0) l[d] = parallel::S(0);
   if (!(l == t.layout())) t = to(std::move(t), l);
-  aligned_vector<float> local(t.to_local().begin(), t.to_local().end());
-  return tensor::from_local(t.where(), shape, l, std::move(local));
+  const auto& where = t.where();  // release() takes the shard only: the placement stays
+  return tensor::from_local(where, shape, l, std::move(t).release());  // the same shard, no copy
 }
 
 /// k x k max pooling of `planes` planes [h, w] -> [ph, pw] with stride `stride`: for each output the index

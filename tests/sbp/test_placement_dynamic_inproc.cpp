@@ -83,6 +83,28 @@ TEST(dynamic_form, boxes_to_run_time_targets) {
       flexpar::testing_support::with_timeout());
 }
 
+TEST(dynamic_form, release_hands_over_the_shard_itself) {
+  run_in_process(
+      2,
+      [](communicator& comm) {
+        placement<1> line(comm, {2});
+        const std::vector<int> full = values(12, 5);
+        auto t = dynamic_tensor<int, 1>::from_full(line, {4, 3}, nd_parallel{{parallel::S(0)}, 1}, full);
+        const std::vector<int> mine(t.to_local().begin(), t.to_local().end());
+        const int* at = t.to_local().data();
+        flexpar::aligned_vector<int> shard = std::move(t).release();
+        EXPECT_EQ(shard.data(), at);  // the buffer itself: no copy
+        EXPECT_EQ(std::vector<int>(shard.begin(), shard.end()), mine);
+        EXPECT_TRUE(t.to_local().empty());  // NOLINT(bugprone-use-after-move): left empty, by contract
+        // adopted again under another shape that keeps axis 0 (the executor's flatten): no copy
+        auto flat =
+            dynamic_tensor<int, 1>::from_local(line, {4, 3, 1}, nd_parallel{{parallel::S(0)}, 1}, std::move(shard));
+        EXPECT_EQ(flat.to_local().data(), at);
+        EXPECT_EQ(flat.to_full(), full);
+      },
+      flexpar::testing_support::with_timeout());
+}
+
 TEST(dynamic_form, matmul_picks_the_cheapest_signature) {
   run_in_process(
       2,

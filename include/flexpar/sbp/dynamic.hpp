@@ -153,6 +153,13 @@ class dynamic_tensor {
     t.local_ = where_.pool().acquire_copy(std::span<const T>(local_));
     return t;
   }
+  /// Takes my shard out (the tensor is left empty), as global_tensor::release(): a reshape of the
+  /// same shard adopts it without a copy.
+  [[nodiscard]] aligned_vector<T> release() && noexcept {
+    aligned_vector<T> out = std::move(local_);
+    local_ = {};
+    return out;
+  }
 
   /// Boxing to a run-time target: plan() on this mesh's extents now, then one box_axis overload per step.
   friend dynamic_tensor to(dynamic_tensor&& t, const nd_parallel& target) {
