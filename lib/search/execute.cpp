@@ -202,7 +202,8 @@ tensor gemm_transposed(const tensor& a, bool transpose_a, const tensor& b, bool 
   const sbp::box ba = a.my_box(), bb = b.my_box();
   const std::size_t rows = transpose_a ? ba.extent[1] : ba.extent[0], inner = transpose_a ? ba.extent[0] : ba.extent[1];
   const std::size_t cols = transpose_b ? bb.extent[0] : bb.extent[1];
-  aligned_vector<float> c(rows * cols, 0.0f);
+  aligned_vector<float> c = a.where().pool().acquire<float>(rows * cols);  // from the pool: reused, not zeroed
+  if (inner == 0) std::fill(c.begin(), c.end(), 0.0f);                     // an empty sum (beta = 0 writes the rest)
   if (rows > 0 && cols > 0 && inner > 0)
     cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
                 static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(inner), 1.0f, a.to_local().data(),
@@ -214,6 +215,9 @@ tensor gemm_transposed(const tensor& a, bool transpose_a, const tensor& b, bool 
 tensor map_local(const tensor& t, aligned_vector<float> values) {
   return tensor::from_local(t.where(), t.shape(), t.layout(), std::move(values));
 }
+
+/// A copy of `t`'s shard in a buffer of its placement's pool (the start of an element-wise step).
+aligned_vector<float> pooled_copy(const tensor& t) { return t.where().pool().acquire_copy(t.to_local()); }
 
 /// The same logical tensor with another shape that keeps axis 0 (the flatten [N, C, H, W] <-> [N, C*H*W]):
 /// free for S(0), B and P; a split of another axis is boxed to S(0) first (an all-to-all).
@@ -246,26 +250,22 @@ std::vector<std::size_t> pool_argmax(const float* x, std::size_t planes, std::si
   return arg;
 }
 
-/// The pooled planes, into a new `Out` (std::vector for the serial reference, aligned_vector for a
-/// shard: adopted by from_local without a copy).
-template <class Out>
-Out pool_forward(const float* x, std::size_t planes, std::size_t h, std::size_t w, const op_step& st) {
+/// The pooled planes, written to `y` (`planes` x out[2] x out[3] elements, every one written: a
+/// reused pool buffer or the serial reference's vector).
+void pool_forward(const float* x, std::size_t planes, std::size_t h, std::size_t w, const op_step& st, float* y) {
   const std::vector<std::size_t> arg = pool_argmax(x, planes, h, w, st);
   const std::size_t per = st.out[2] * st.out[3];
-  Out y(arg.size());
   for (std::size_t k = 0; k < arg.size(); ++k) y[k] = x[(k / per) * h * w + arg[k]];
-  return y;
 }
 
-/// The input gradient of pool_forward: each output's gradient added at its window's maximum.
-template <class Out>
-Out pool_backward(const float* x, const float* dy, std::size_t planes, std::size_t h, std::size_t w,
-                  const op_step& st) {
+/// The input gradient of pool_forward, written to `dx` (`planes` x h x w elements, zeroed here first):
+/// each output's gradient added at its window's maximum.
+void pool_backward(const float* x, const float* dy, std::size_t planes, std::size_t h, std::size_t w, const op_step& st,
+                   float* dx) {
   const std::vector<std::size_t> arg = pool_argmax(x, planes, h, w, st);
   const std::size_t per = st.out[2] * st.out[3];
-  Out dx(planes * h * w, 0.0f);
+  std::fill_n(dx, planes * h * w, 0.0f);
   for (std::size_t k = 0; k < arg.size(); ++k) dx[(k / per) * h * w + arg[k]] += dy[k];
-  return dx;
 }
 
 }  // namespace
@@ -319,17 +319,16 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
           expect_layout(i, *out[i], "conv2d");
           break;
         case step_kind::relu: {
-          aligned_vector<float> v(in[i]->to_local().begin(), in[i]->to_local().end());
+          aligned_vector<float> v = pooled_copy(*in[i]);
           for (float& e : v) e = e > 0 ? e : 0.0f;
           out[i] = map_local(*in[i], std::move(v));
           break;
         }
         case step_kind::max_pool: {  // input S(0), S(1) or B: whole planes on each rank
           const sbp::box b = in[i]->my_box();
-          out[i] = tensor::from_local(
-              mesh, st.out, in[i]->layout(),
-              pool_forward<aligned_vector<float>>(in[i]->to_local().data(), b.extent[0] * b.extent[1], b.extent[2],
-                                                  b.extent[3], st));
+          aligned_vector<float> y = mesh.pool().acquire<float>(b.extent[0] * b.extent[1] * st.out[2] * st.out[3]);
+          pool_forward(in[i]->to_local().data(), b.extent[0] * b.extent[1], b.extent[2], b.extent[3], st, y.data());
+          out[i] = tensor::from_local(mesh, st.out, in[i]->layout(), std::move(y));
           break;
         }
       }
@@ -349,7 +348,7 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
                          sig[i].weight);
           tensor dx = conv ? sbp::conv2d_grad_input(dy, *w[i], st.pad)
                            : gemm_transposed(dy, false, *w[i], true, "input gradient");
-          aligned_vector<float> updated(w[i]->to_local().begin(), w[i]->to_local().end());
+          aligned_vector<float> updated = pooled_copy(*w[i]);
           const auto g_local = dw.to_local();
           for (std::size_t k = 0; k < updated.size(); ++k) updated[k] -= lr * g_local[k];
           w[i] = map_local(*w[i], std::move(updated));
@@ -358,7 +357,7 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
         }
         case step_kind::relu: {  // pass the gradient where the output is positive, in the output's layout
           dy = to(std::move(dy), out[i]->layout());
-          aligned_vector<float> v(dy.to_local().begin(), dy.to_local().end());
+          aligned_vector<float> v = pooled_copy(dy);
           const auto o = out[i]->to_local();
           for (std::size_t k = 0; k < v.size(); ++k)
             if (!(o[k] > 0)) v[k] = 0.0f;
@@ -368,10 +367,10 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
         case step_kind::max_pool: {
           dy = to(std::move(dy), out[i]->layout());
           const sbp::box b = in[i]->my_box();
-          dy = tensor::from_local(
-              mesh, st.in, in[i]->layout(),
-              pool_backward<aligned_vector<float>>(in[i]->to_local().data(), dy.to_local().data(),
-                                                   b.extent[0] * b.extent[1], b.extent[2], b.extent[3], st));
+          aligned_vector<float> dx = mesh.pool().acquire<float>(b.elements());
+          pool_backward(in[i]->to_local().data(), dy.to_local().data(), b.extent[0] * b.extent[1], b.extent[2],
+                        b.extent[3], st, dx.data());
+          dy = tensor::from_local(mesh, st.in, in[i]->layout(), std::move(dx));
           break;
         }
       }
@@ -430,9 +429,7 @@ execution_result execute_serial(const graph& g, std::span<const float> input, st
       case step_kind::relu:
         for (std::size_t k = 0; k < y.size(); ++k) y[k] = x[k] > 0 ? x[k] : 0.0f;
         break;
-      case step_kind::max_pool:
-        y = pool_forward<std::vector<float>>(x.data(), batch * st.in[1], st.in[2], st.in[3], st);
-        break;
+      case step_kind::max_pool: pool_forward(x.data(), batch * st.in[1], st.in[2], st.in[3], st, y.data()); break;
     }
     acts.push_back(std::move(y));
   }
@@ -464,7 +461,7 @@ execution_result execute_serial(const graph& g, std::span<const float> input, st
         for (std::size_t k = 0; k < dy.size(); ++k) dx[k] = acts[i + 1][k] > 0 ? dy[k] : 0.0f;
         break;
       case step_kind::max_pool:
-        dx = pool_backward<std::vector<float>>(x.data(), dy.data(), batch * st.in[1], st.in[2], st.in[3], st);
+        pool_backward(x.data(), dy.data(), batch * st.in[1], st.in[2], st.in[3], st, dx.data());
         break;
     }
     if (!st.weight.empty())

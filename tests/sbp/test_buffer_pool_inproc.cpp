@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/sbp/sbp.hpp>
 #include <flexpar/transport/inproc.hpp>
 
@@ -341,6 +342,149 @@ TEST_P(dirty_pool, every_pair_is_exact_on_reused_buffers) {
 
 INSTANTIATE_TEST_SUITE_P(worlds, dirty_pool, ::testing::Values(1, 2, 3, 4),
                          [](const auto& info) { return std::string("p").append(std::to_string(info.param)); });
+
+// ---- ops draw their results from the pool --------------------------------------------------------
+
+TEST(buffer_pool, ops_in_a_training_loop_reuse_the_buffers_of_the_last_step) {
+  // the Megatron block of samples/megatron_block.cpp plus the element-wise ops: once the pool has
+  // settled (two steps, as for boxing above) every result shard is a buffer a dead tensor of the
+  // previous step gave back. An op that allocated
+  // its result itself would neither count as a hit nor get the address just given back.
+  for (int p : {2, 3}) {
+    run_in_process(
+        p,
+        [](communicator& comm) {
+          placement<1> mesh(comm, {comm.size()});
+          const std::size_t batch = 5, hidden = 4, ffn = 7;
+          const auto xv = logical<float>({batch, hidden}, 1), w1v = logical<float>({hidden, ffn}, 2),
+                     w2v = logical<float>({ffn, hidden}, 3);
+          const auto x = global_tensor<float, broadcast>::from_full(mesh, {batch, hidden}, xv);
+          const auto w1 = global_tensor<float, split<1>>::from_full(mesh, {hidden, ffn}, w1v);
+          const auto w2 = global_tensor<float, split<0>>::from_full(mesh, {ffn, hidden}, w2v);
+          constexpr std::size_t ops_per_step = 7;  // matmul, relu, matmul, add, mul, reduce_sum, softmax
+          std::size_t misses_after_first = 0;
+          for (int step = 0; step < 5; ++step) {
+            const buffer_pool::statistics before = mesh.pool().stats();
+            auto h = relu(matmul(x, w1));           // column parallel: B x S(1) -> S(1)
+            auto y = to<broadcast>(matmul(h, w2));  // row parallel: S(1) x S(0) -> P -> B
+            auto z = mul(add(y, y), y);             // B
+            auto rows = reduce_sum<1>(z);           // B
+            auto soft = softmax<1>(z);              // B
+            const buffer_pool::statistics after = mesh.pool().stats();
+            if (step == 1) misses_after_first = after.misses;  // the pool's fit settles in two steps
+            if (step > 1) {
+              EXPECT_EQ(after.misses, misses_after_first) << "step " << step << " allocated";
+              EXPECT_GE(after.hits - before.hits, ops_per_step) << "step " << step << ": an op bypassed the pool";
+            }
+            if (step == 4) {  // serial: relu(x w1) w2, then (y + y) y and its row sums (small integers: exact)
+              std::vector<float> hs(batch * ffn, 0.0f), ys(batch * hidden, 0.0f), zs(batch * hidden);
+              std::vector<float> sums(batch, 0.0f);
+              for (std::size_t i = 0; i < batch; ++i)
+                for (std::size_t k = 0; k < hidden; ++k)
+                  for (std::size_t j = 0; j < ffn; ++j) hs[i * ffn + j] += xv[i * hidden + k] * w1v[k * ffn + j];
+              for (float& e : hs) e = std::max(e, 0.0f);
+              for (std::size_t i = 0; i < batch; ++i)
+                for (std::size_t k = 0; k < ffn; ++k)
+                  for (std::size_t j = 0; j < hidden; ++j) ys[i * hidden + j] += hs[i * ffn + k] * w2v[k * hidden + j];
+              for (std::size_t i = 0; i < zs.size(); ++i) zs[i] = (ys[i] + ys[i]) * ys[i];
+              for (std::size_t i = 0; i < batch; ++i)
+                for (std::size_t j = 0; j < hidden; ++j) sums[i] += zs[i * hidden + j];
+              EXPECT_EQ(y.to_full(), ys);
+              EXPECT_EQ(z.to_full(), zs);
+              EXPECT_EQ(rows.to_full(), sums);
+              std::vector<float> softs(zs.size());  // the op's formula, in double
+              for (std::size_t i = 0; i < batch; ++i) {
+                double hi = -INFINITY, sum = 0;
+                for (std::size_t j = 0; j < hidden; ++j) hi = std::max(hi, double(zs[i * hidden + j]));
+                for (std::size_t j = 0; j < hidden; ++j) sum += std::exp(double(zs[i * hidden + j]) - hi);
+                for (std::size_t j = 0; j < hidden; ++j)
+                  softs[i * hidden + j] = float(std::exp(double(zs[i * hidden + j]) - hi) / sum);
+              }
+              EXPECT_EQ(soft.to_full(), softs);
+            }
+          }
+          {  // the buffer a dead result gave back is the next result's
+            const float* given_back = nullptr;
+            {
+              auto r = relu(x);
+              given_back = r.to_local().data();
+            }
+            auto again = relu(x);
+            EXPECT_EQ(again.to_local().data(), given_back);
+          }
+        },
+        flexpar::testing_support::with_timeout());
+  }
+}
+
+TEST(buffer_pool, ops_are_exact_on_reused_buffers) {
+  // every op on a pool full of NaN against the same op on a placement that caches nothing (fresh,
+  // zeroed buffers): a result element an op left unwritten would show as NaN, which equals nothing
+  run_in_process(
+      3,
+      [](communicator& comm) {
+        placement<1> dirty(comm, {comm.size()});
+        placement<1> fresh(comm, {comm.size()}, {}, std::make_shared<buffer_pool>(0));
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        auto same = [&](const char* what, auto&& op) {
+          poison<float>(dirty.pool(), nan);
+          const std::vector<float> got = op(dirty).to_full(), want = op(fresh).to_full();
+          EXPECT_EQ(got, want) << what;
+        };
+        auto full = [](const shape_t& s, int salt) { return logical<float>(s, salt); };
+        for (auto [m, k, n] : {std::array<std::size_t, 3>{5, 3, 4}, {4, 0, 3}, {1, 7, 2}}) {
+          same("matmul (S(0), B)", [&](const placement<1>& at) {
+            return matmul(global_tensor<float, split<0>>::from_full(at, {m, k}, full({m, k}, 1)),
+                          global_tensor<float, broadcast>::from_full(at, {k, n}, full({k, n}, 2)));
+          });
+          same("matmul (S(1), S(0)) -> P", [&](const placement<1>& at) {
+            return matmul(global_tensor<float, split<1>>::from_full(at, {m, k}, full({m, k}, 3)),
+                          global_tensor<float, split<0>>::from_full(at, {k, n}, full({k, n}, 4)));
+          });
+        }
+        const shape_t s{5, 6};
+        same("add", [&](const placement<1>& at) {
+          return add(global_tensor<float, split<1>>::from_full(at, s, full(s, 5)),
+                     global_tensor<float, split<1>>::from_full(at, s, full(s, 6)));
+        });
+        same("mul", [&](const placement<1>& at) {
+          return mul(global_tensor<float, partial_sum>::from_full(at, s, full(s, 7)),
+                     global_tensor<float, broadcast>::from_full(at, s, full(s, 8)));
+        });
+        same("relu", [&](const placement<1>& at) {
+          return relu(global_tensor<float, split<0>>::from_full(at, s, full(s, 9)));
+        });
+        same("softmax<1>", [&](const placement<1>& at) {
+          return softmax<1>(global_tensor<float, split<0>>::from_full(at, s, full(s, 10)));
+        });
+        same("reduce_sum<0> (S(0) -> P)", [&](const placement<1>& at) {
+          return reduce_sum<0>(global_tensor<float, split<0>>::from_full(at, s, full(s, 11)));
+        });
+        same("embedding (S(0), B) -> P", [&](const placement<1>& at) {
+          return embedding(
+              global_tensor<float, split<0>>::from_full(at, {7, 3}, full({7, 3}, 12)),
+              global_tensor<std::int64_t, broadcast>::from_full(at, {4}, std::vector<std::int64_t>{6, 0, 3, 3}));
+        });
+        const shape_t xs{3, 2, 4, 4}, ws{3, 2, 3, 3}, ys{3, 3, 4, 4};
+        same("conv2d (S(0), B)", [&](const placement<1>& at) {
+          return conv2d(global_tensor<float, split<0>>::from_full(at, xs, full(xs, 13)),
+                        global_tensor<float, broadcast>::from_full(at, ws, full(ws, 14)), 1);
+        });
+        same("conv2d_grad_input (S(0), B)", [&](const placement<1>& at) {
+          return conv2d_grad_input(global_tensor<float, split<0>>::from_full(at, ys, full(ys, 15)),
+                                   global_tensor<float, broadcast>::from_full(at, ws, full(ws, 16)), 1);
+        });
+        same("conv2d_grad_weight (S(0), S(0)) -> P", [&](const placement<1>& at) {
+          return conv2d_grad_weight(global_tensor<float, split<0>>::from_full(at, xs, full(xs, 17)),
+                                    global_tensor<float, split<0>>::from_full(at, ys, full(ys, 18)), 1);
+        });
+        same("dynamic conv2d (S(1), S(1)) -> P", [&](const placement<1>& at) {
+          return conv2d(dynamic_tensor<float, 1>::from_full(at, xs, nd_parallel{parallel::S(1)}, full(xs, 19)),
+                        dynamic_tensor<float, 1>::from_full(at, ws, nd_parallel{parallel::S(1)}, full(ws, 20)), 1);
+        });
+      },
+      flexpar::testing_support::with_timeout());
+}
 
 TEST(buffer_pool, placements_can_share_one_pool_or_cache_nothing) {
   run_in_process(

@@ -323,9 +323,10 @@ dynamic_tensor<T, N> conv_dynamic(const dynamic_tensor<T, N>& a, const dynamic_t
   const dynamic_tensor<T, N>& y = moves ? *boxed_b : b;
   if (!a.where().contains_me()) return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, {});
   const shape_t out_local = shard_box(out_shape, sig.out, mesh, a.where().coords()).extent;
-  return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out,
-                                          conv_local<T>(rank, Pass, x.my_box().extent, x.to_local().data(),
-                                                        y.my_box().extent, y.to_local().data(), out_local, pad));
+  return dynamic_tensor<T, N>::from_local(
+      a.where(), out_shape, sig.out,
+      conv_local<T>(a.where().pool(), rank, Pass, x.my_box().extent, x.to_local().data(), y.my_box().extent,
+                    y.to_local().data(), out_local, pad));
 }
 }  // namespace detail
 

@@ -4,7 +4,10 @@
 // a signature, and the output takes each axis's result. For static SBPs the output type is computed
 // at compile time; a combination with no signature is a compile error that says what is missing and
 // names, in its template arguments, the boxing that would fix it (try_to<Left, Right>). The local math
-// runs on the shards (GEMM through the BLAS for f32/f64); ops never communicate — boxing does.
+// runs on the shards (GEMM through the BLAS for f32/f64); ops never communicate — boxing does. An op's
+// result shard comes from the inputs' placement's buffer_pool, as a boxing's does: a training loop whose
+// tensors die each step reuses their buffers instead of mapping fresh ones (every op writes each
+// element of its result, so a reused buffer's old values never show).
 //
 //   matmul(a [m,k], b [k,n])    (S(0), B) -> S(0)   (B, S(1)) -> S(1)   (S(1), S(0)) -> P(sum)
 //                               (P(sum), B) -> P(sum)   (B, P(sum)) -> P(sum)   (B, B) -> B
@@ -443,8 +446,8 @@ inline shape_t conv_out_shape(int rank, conv_pass pass, const shape_t& a, const 
 /// One convolution pass on the shards: `la`, `lb` are the local boxes' extents, `out` the local output
 /// extents. @throws usage_error when the shards do not fit together (e.g. unequal channel splits).
 template <class T>
-aligned_vector<T> conv_local(int rank, conv_pass pass, const shape_t& la, const T* a, const shape_t& lb, const T* b,
-                             const shape_t& out, std::size_t pad) {
+aligned_vector<T> conv_local(buffer_pool& pool, int rank, conv_pass pass, const shape_t& la, const T* a,
+                             const shape_t& lb, const T* b, const shape_t& out, std::size_t pad) {
   local::conv2d_geometry g;
   g.pad_h = g.pad_w = pad;
   const shape_t& x = pass == conv_pass::grad_input ? out : la;
@@ -460,7 +463,7 @@ aligned_vector<T> conv_local(int rank, conv_pass pass, const shape_t& la, const 
   const shape_t& dy = pass == conv_pass::forward ? out : (pass == conv_pass::grad_input ? la : lb);
   if (w[1] != g.in_channels || dy != y)
     throw usage_error(shape_error(rank, pass, "local shard", la, "local shard", lb, "the shards do not fit together"));
-  aligned_vector<T> c(elements_of(out));
+  aligned_vector<T> c = pool.template acquire<T>(elements_of(out));  // every pass writes every element
   if (pass == conv_pass::forward)
     local::conv2d_forward(g, a, b, c.data());
   else if (pass == conv_pass::grad_input)
@@ -495,9 +498,10 @@ auto conv_static(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& 
       const shape_t out_shape = conv_out_shape(rank, Pass, a.shape(), b.shape(), pad);
       if (!a.where().contains_me()) return global_tensor<T, Out, M>::from_local(a.where(), out_shape, {});
       const shape_t out_local = shard_box(out_shape, sig.out, a.where().shape(), a.where().coords()).extent;
-      return global_tensor<T, Out, M>::from_local(a.where(), out_shape,
-                                                  conv_local<T>(rank, Pass, a.local_shape(), a.to_local().data(),
-                                                                b.local_shape(), b.to_local().data(), out_local, pad));
+      return global_tensor<T, Out, M>::from_local(
+          a.where(), out_shape,
+          conv_local<T>(a.where().pool(), rank, Pass, a.local_shape(), a.to_local().data(), b.local_shape(),
+                        b.to_local().data(), out_local, pad));
     }
   }
 }
@@ -531,7 +535,7 @@ auto matmul(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
       if (la[1] != lb[0])
         throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "local shards " + to_string(la) +
                           " x " + to_string(lb) + " do not multiply");
-      aligned_vector<T> c(la[0] * lb[1]);
+      aligned_vector<T> c = a.where().pool().template acquire<T>(la[0] * lb[1]);  // gemm writes every element
       local::gemm(la[0], lb[1], la[1], a.to_local().data(), b.to_local().data(), c.data());
       return global_tensor<T, Out, M>::from_local(a.where(), out_shape, std::move(c));
     }
@@ -575,7 +579,7 @@ auto add(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
     } else {
       detail::require_same_placement(a, b, "add");
       detail::require_same_shape(a, b, "add");
-      aligned_vector<T> out(a.to_local().size());
+      aligned_vector<T> out = a.where().pool().template acquire<T>(a.to_local().size());
       const auto x = a.to_local(), y = b.to_local();
       for (std::size_t i = 0; i < out.size(); ++i) out[i] = T(accumulate_t<T>(x[i]) + accumulate_t<T>(y[i]));
       return global_tensor<T, A, M>::from_local(a.where(), a.shape(), std::move(out));
@@ -597,7 +601,7 @@ auto mul(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
       using Out = detail::sbp_type_of<sig.out, detail::both_one_axis<A, B>>;
       detail::require_same_placement(a, b, "mul");
       detail::require_same_shape(a, b, "mul");
-      aligned_vector<T> out(a.to_local().size());
+      aligned_vector<T> out = a.where().pool().template acquire<T>(a.to_local().size());
       const auto x = a.to_local(), y = b.to_local();
       for (std::size_t i = 0; i < out.size(); ++i) out[i] = T(accumulate_t<T>(x[i]) * accumulate_t<T>(y[i]));
       return global_tensor<T, Out, M>::from_local(a.where(), a.shape(), std::move(out));
@@ -613,7 +617,7 @@ auto relu(const global_tensor<T, A, M>& t) {
     (void)sizeof(diagnostic::relu_has_no_signature_for_partial<A>);
     return;
   } else {
-    aligned_vector<T> out(t.to_local().begin(), t.to_local().end());
+    aligned_vector<T> out = t.where().pool().acquire_copy(t.to_local());
     for (T& x : out)
       if (accumulate_t<T>(x) < accumulate_t<T>(0)) x = T(accumulate_t<T>(0));
     return global_tensor<T, A, M>::from_local(t.where(), t.shape(), std::move(out));
@@ -633,7 +637,7 @@ auto softmax(const global_tensor<T, A, M>& t) {
       throw usage_error(detail::on_rank(t.where().parent().rank(), "softmax") + "axis " + std::to_string(Axis) +
                         " of a tensor of shape " + to_string(t.shape()));
     const shape_t ls = t.local_shape();
-    aligned_vector<T> out(t.to_local().begin(), t.to_local().end());
+    aligned_vector<T> out = t.where().pool().acquire_copy(t.to_local());
     if (!out.empty()) {
       const detail::around v(ls, Axis);
       for (std::size_t o = 0; o < v.outer; ++o)
@@ -674,7 +678,7 @@ auto embedding(const global_tensor<T, W, M>& weight, const global_tensor<std::in
       const box rows = weight.my_box();
       const std::size_t cols = rows.extent[1];
       const auto w = weight.to_local();
-      aligned_vector<T> out(ids.to_local().size() * cols, T{});
+      aligned_vector<T> out = weight.where().pool().template acquire<T>(ids.to_local().size() * cols, T{});
       for (std::size_t i = 0; i < ids.to_local().size(); ++i) {
         const std::int64_t id = ids.to_local()[i];
         if (id < 0 || static_cast<std::size_t>(id) >= weight.shape()[0])
@@ -713,7 +717,7 @@ auto reduce_sum(const global_tensor<T, A, M>& t) {
       for (std::size_t r = 0; r < v.rows; ++r)
         for (std::size_t i = 0; i < v.inner; ++i)
           acc[o * v.inner + i] += accumulate_t<T>(x[(o * v.rows + r) * v.inner + i]);
-    aligned_vector<T> out(acc.size());
+    aligned_vector<T> out = t.where().pool().template acquire<T>(acc.size());
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = T(acc[i]);
     return global_tensor<T, Out, M>::from_local(t.where(), out_shape, std::move(out));
   }
