@@ -180,6 +180,19 @@ void copy_packed_run(const T* from, T* to, std::size_t n, bool from_memory) {
     std::copy_n(from, n, to);
 }
 
+/// Reads one byte of every cache line that elements [p, p + n) touch, and nothing else: a pass of a
+/// fill over runs it does not copy (P -> S(i)'s own runs of a summand in memory), which keeps the
+/// summand's read one stream, front to back, and leaves the runs in cache for the drain. Loads, not
+/// prefetch hints: `prefetcht0` per line left P -> S(1) at 1.14-1.16x of the bare at 64 MiB
+/// (doc/sbp-measured.md, 2026-11-22), and a hint may be dropped when many misses are in flight.
+template <class T>
+void read_lines(const T* p, std::size_t n) noexcept {
+  const auto* bytes = reinterpret_cast<const volatile unsigned char*>(p);
+  const std::size_t size = n * sizeof(T);
+  for (std::size_t at = 0; at < size; at += 64) (void)bytes[at];
+  if (size % 64 != 0) (void)bytes[size - 1];  // a last line the steps of 64 from p did not reach
+}
+
 /// The inverse: packs elements [from, from + piece.size()) of rows `rows` of `data` into `piece`
 /// (a staging slot, which stays in cache: plain stores); from a `data` in memory (in_memory with the
 /// threshold for sources, `source_min_bytes`) with copy_packed_run's inline copy.
@@ -225,11 +238,15 @@ namespace detail {
 ///           run for every rank in turn (from a summand in memory with copy_packed_run's inline
 ///           copy: with a memcpy call per 512-byte run P -> S(1) of 64 MiB took 1.18x of the
 ///           bare reduce-scatter, with the inline copy 1.09x; five runs each, medians);
-///   mine:   a summand in memory (in_memory with the communicator's threshold) has my runs packed into
-///           my own section too, so that it is read once, front to back, as the bare
-///           reduce-scatter reads its input (reading my runs in the drain instead skipped half of
-///           every row twice: 1.7-2x of the bare at 16-64 MiB); a smaller one (in cache) has them
-///           reduced where they lie, forward, run by run (no copy);
+///   mine:   my runs stay where they lie and the drain reduces them there, forward, run by run. For
+///           a summand in memory (in_memory with the communicator's threshold) the fill reads one
+///           byte of each of their lines as it passes them (read_lines), so that the summand is read
+///           once, front to back, as the bare reduce-scatter reads its input, and the drain finds
+///           them in cache. Skipping them in the fill left every row half read, and the drain read
+///           my halves from memory: 1.7-2x of the bare at 16-64 MiB. Copying them into my own
+///           section, as until 2026-11-25, costs a pass in cache: P -> S(1) 1.33-1.35x of the bare
+///           at 16 MiB and 1.18-1.28x at 64 MiB against 1.14-1.24x and 1.17-1.22x reading the
+///           lines, four alternating runs each (doc/sbp-measured.md);
 ///   drain:  my chunk k (op) the peers' sections -> the front.
 /// Round k writes elements of outer indices below (k+1)R only (my block's index o * length_me + w
 /// lies at o * rows * inner + ... >= it), all of them packed by then. When not even one outer index
@@ -244,17 +261,12 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
   const std::span<T> data(v.local);
   const std::span<T> out = data.first(counts[static_cast<std::size_t>(me)]);
   const char* name = "boxing P -> S(i) (shared_memory)";
-  // a summand in cache is read in place (copying my own runs would be one more pass); one in memory
-  // is read front to back by the pack, my runs into my own section
+  // my runs are reduced where they lie; a summand in memory is read front to back by the fill, which
+  // reads my runs' lines (into cache, for the drain) as it passes them
   const std::size_t source_min_bytes = source_in_memory_min_bytes(v.comm);
-  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), source_min_bytes),
-             mine_in_place = !from_memory;
+  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), source_min_bytes);
   const auto um = static_cast<std::size_t>(me);
-  auto reduce_mine = [&](std::uint64_t, std::span<T> result, std::span<const T> my_section, std::span<const T> theirs) {
-    if (!mine_in_place) {
-      flexpar::reduce_into(result, my_section, theirs, op);
-      return;
-    }
+  auto reduce_mine = [&](std::uint64_t, std::span<T> result, std::span<const T>, std::span<const T> theirs) {
     const std::size_t from = static_cast<std::size_t>(result.data() - out.data());
     flexpar::detail::visit_op(op, [&](auto f) {  // once, not per run (runs of a few hundred bytes)
       for_each_run(a, parts[um], from, result.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
@@ -278,9 +290,11 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
           for (std::size_t o = first; o < last; ++o)
             for (std::size_t q = 0; q < up; ++q) {
               const std::size_t run = parts[q].count * a.inner;
-              if (run != 0 && !(mine_in_place && q == um))
-                copy_packed_run(data.data() + o * stride + parts[q].offset * a.inner,
-                                sections[q].data() + (o - first) * run, run, from_memory);
+              const T* from = data.data() + o * stride + parts[q].offset * a.inner;
+              if (q != um)
+                copy_packed_run(from, sections[q].data() + (o - first) * run, run, from_memory);
+              else if (from_memory)
+                read_lines(from, run);
             }
         },
         reduce_mine, out, op, name);
@@ -294,8 +308,13 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
       v.comm, rounds, [&](int q, std::uint64_t k) { return piece(q, q, k); },
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
-          if (!sections[q].empty() && !(mine_in_place && q == um))
+          if (sections[q].empty())
+            continue;
+          else if (q != um)
             pack_piece<T>(std::span<const T>(data), a, parts[q], k * chunks.chunk, sections[q], source_min_bytes);
+          else if (from_memory)
+            for_each_run(a, parts[q], k * chunks.chunk, sections[q].size(),
+                         [&](std::size_t at, std::size_t, std::size_t m) { read_lines(data.data() + at, m); });
       },
       reduce_mine, out, op, name);
 }
@@ -351,7 +370,7 @@ namespace detail {
 ///           every row in each of p passes.
 /// Cost: the bare allgather's (two flag hand-offs per round, my chunk copied in, n placed); the
 /// placing works in runs of length_q. S(1) -> B of an f32 [n, 256] tensor on 2 ranks, medians over
-/// five repeats of the whole table, four runs of each build (doc/sbp.md "Measured", 2026-11-23):
+/// five repeats of the whole table, four runs of each build (doc/sbp-measured.md, 2026-11-23):
 /// 1.03-1.13x of the bare allgather at 1 MiB against 1.07-1.18x when each block's runs were placed
 /// as they landed, 0.97-1.00x at 64 MiB against 1.00-1.05x. Returns false, moving nothing, when not
 /// even one outer index of the widest block fits a chunk (the caller then places element chunks).

@@ -1,0 +1,105 @@
+// One rank's local memory traffic in a 2-rank shared-memory reduce-scatter, without the other rank:
+// the lower bound on what P -> S(1) can reach next to the bare reduce-scatter it is measured against
+// (doc/sbp.md, "Why P -> S(1) stays behind front"; flexpar_sbp_bench measures the real collectives).
+//
+// The summand is an f32 tensor [n, 256] of `bytes` in one 64-byte aligned buffer; the rank is rank 1,
+// whose block is not the first. Rounds of 256 KiB of result (the shared-memory rounds' chunk), each:
+//   fill:  copy the peer's part of the round into a send slot (in cache),
+//   drain: my part (op) a received slot (in cache, the peer's contribution) -> the result.
+// The variants differ only in where the parts lie and where the result goes:
+//   front            contiguous blocks (P -> S(0)); the result overwrites the peer's block at the
+//                    front, on the lines the fill has just read (the in-place call P -> S(1) makes,
+//                    on contiguous blocks: its `front` bare);
+//   out_of_place     contiguous blocks; the result goes to a buffer of its own (the out-of-place bare);
+//   strided          the parts are the halves of every row (P -> S(1), as built): the fill packs the
+//                    peer's runs into the send slot and reads one byte of each line of mine, the drain
+//                    reduces my runs where they lie into the front of the buffer, run by run;
+//   strided_packed   the same, the fill copying my runs into a section of their own, which the drain
+//                    reads (P -> S(1) until 2026-11-25);
+//   strided_unread   the same as strided without the reads of my lines in the fill (P -> S(1) on a
+//                    summand taken to be in cache).
+// bytes_per_second counts the summand's bytes.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
+#include <flexpar/collective/reduce_kernel.hpp>
+#include <flexpar/core/aligned_vector.hpp>
+#include <flexpar/core/streaming_copy.hpp>  // detail::copy_run, the packs' inline run copy
+#include <flexpar/sbp/boxing.hpp>           // detail::read_lines
+
+namespace {
+
+using flexpar::reduce_op;
+
+constexpr std::size_t cols = 256, half = cols / 2;
+constexpr std::size_t round_elements = 256 * 1024 / sizeof(float);  // result elements per round
+
+enum class layout { front, out_of_place, strided, strided_packed, strided_unread };
+
+struct rank_buffers {
+  explicit rank_buffers(std::size_t n)
+      : summand(n, 1.0f), result(n / 2, 0.0f), send(round_elements), mine(round_elements),
+        received(round_elements, 0.0f) {}
+  flexpar::aligned_vector<float> summand, result, send, mine, received;
+};
+
+void copy_floats(float* to, const float* from, std::size_t n) {
+  flexpar::detail::copy_run(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from),
+                            n * sizeof(float));
+}
+
+void one_call(rank_buffers& b, layout how) {
+  const std::size_t n = b.summand.size(), rows = n / cols, rows_per_round = round_elements / half;
+  float* const data = b.summand.data();
+  const std::span<const float> received(b.received.data(), round_elements);
+  for (std::size_t first = 0, k = 0; first < rows; first += rows_per_round, ++k) {
+    const std::size_t m = std::min(rows_per_round, rows - first) * half;  // result elements this round
+    float* const out = (how == layout::out_of_place ? b.result.data() : data) + k * round_elements;
+    if (how == layout::front || how == layout::out_of_place) {
+      copy_floats(b.send.data(), data + k * round_elements, m);  // fill: the peer's block, front half
+      flexpar::reduce_into(std::span<float>(out, m), std::span<const float>(data + n / 2 + k * round_elements, m),
+                           received.first(m), reduce_op::sum);
+      continue;
+    }
+    for (std::size_t r = first; r < first + m / half; ++r) {  // fill: the peer's run, then mine
+      copy_floats(b.send.data() + (r - first) * half, data + r * cols, half);
+      if (how == layout::strided_packed)
+        copy_floats(b.mine.data() + (r - first) * half, data + r * cols + half, half);
+      else if (how == layout::strided)
+        flexpar::sbp::detail::read_lines(data + r * cols + half, half);
+    }
+    if (how == layout::strided_packed) {
+      flexpar::reduce_into(std::span<float>(out, m), std::span<const float>(b.mine.data(), m), received.first(m),
+                           reduce_op::sum);
+      continue;
+    }
+    for (std::size_t r = first; r < first + m / half; ++r)  // drain: my runs where they lie, forward
+      flexpar::reduce_into(std::span<float>(out + (r - first) * half, half),
+                           std::span<const float>(data + r * cols + half, half),
+                           received.subspan((r - first) * half, half), reduce_op::sum);
+  }
+}
+
+void rank_traffic(benchmark::State& state, layout how) {
+  rank_buffers b(static_cast<std::size_t>(state.range(0)) / sizeof(float));
+  for (auto _ : state) {
+    one_call(b, how);
+    benchmark::DoNotOptimize(b.summand.data());
+    benchmark::DoNotOptimize(b.result.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(rank_traffic, front, layout::front)->Arg(1 << 20)->Arg(16 << 20)->Arg(64 << 20);
+BENCHMARK_CAPTURE(rank_traffic, out_of_place, layout::out_of_place)->Arg(1 << 20)->Arg(16 << 20)->Arg(64 << 20);
+BENCHMARK_CAPTURE(rank_traffic, strided, layout::strided)->Arg(1 << 20)->Arg(16 << 20)->Arg(64 << 20);
+BENCHMARK_CAPTURE(rank_traffic, strided_packed, layout::strided_packed)->Arg(1 << 20)->Arg(16 << 20)->Arg(64 << 20);
+BENCHMARK_CAPTURE(rank_traffic, strided_unread, layout::strided_unread)->Arg(1 << 20)->Arg(16 << 20)->Arg(64 << 20);
+
+BENCHMARK_MAIN();
