@@ -8,7 +8,7 @@
 // shared-memory rounds use for destinations in memory go through the cache at each run's ends
 // (streaming_copy.hpp). On a 16-core Intel Xeon VM, S(1) -> B of 4-64 MiB took 1.36-1.52x of its
 // bare allgather with 16-byte aligned buffers (the bare's and the tensors' alike) and 0.93-1.00x
-// with 64-byte aligned ones (doc/sbp.md, "Measured"). Global tensors keep their shards in these;
+// with 64-byte aligned ones (doc/sbp-measured.md). Global tensors keep their shards in these;
 // callers of the bare collectives get the same from them.
 #pragma once
 

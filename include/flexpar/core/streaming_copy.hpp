@@ -28,7 +28,7 @@ namespace flexpar::detail {
 /// communicator's thresholds (0 = never): for destinations config::streaming_min_bytes
 /// (FLEXPAR_STREAMING_MIN_BYTES, default 4 MiB: streaming stores), for the sources of the boxings'
 /// packing passes config::source_in_memory_min_bytes (the last-level cache's share of each rank by
-/// default: the inline run copy). Another machine may want other values (doc/sbp.md, "Measured").
+/// default: the inline run copy). Another machine may want other values (doc/sbp-measured.md).
 constexpr bool in_memory(std::size_t bytes, std::size_t streaming_min_bytes) noexcept {
   return streaming_min_bytes != 0 && bytes >= streaming_min_bytes;
 }
