@@ -41,7 +41,10 @@ enum class layout { front, out_of_place, strided, strided_packed, strided_unread
 
 struct rank_buffers {
   explicit rank_buffers(std::size_t n)
-      : summand(n, 1.0f), result(n / 2, 0.0f), send(round_elements), mine(round_elements),
+      : summand(n, 1.0f),
+        result(n / 2, 0.0f),
+        send(round_elements),
+        mine(round_elements),
         received(round_elements, 0.0f) {}
   flexpar::aligned_vector<float> summand, result, send, mine, received;
 };
