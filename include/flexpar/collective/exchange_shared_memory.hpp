@@ -300,11 +300,11 @@ void reduce_into_forward(std::span<T> out, std::span<const T> a, std::span<const
 /// piece(q, k) is where round k's chunk of block q lies in that block (the same function on every
 /// rank, each piece at most a section; `rounds` the same on every rank). Round k on rank r:
 ///   fill:  pack(k, sections) writes chunk k of every peer q's block into sections[q] of my round
-///          buffer (sections[q].size() = piece(q, k).count), in whatever order reads my data best;
-///          it may write my own chunk into sections[r] as well;
+///          buffer (sections[q].size() = piece(q, k).count), in whatever order reads my data best
+///          (sections[r], my own, is not read: my chunk stays in my data);
 ///   drain: for q = r+1, r+2, ...: my chunk of `out` (piece(r, k)) (op)= section r of q's buffer;
-///          for the first peer, first(k, chunk of `out`, sections[r], theirs) writes it as my chunk
-///          k (from my data, or from my own section where pack put it) (op) theirs.
+///          for the first peer, first(k, chunk of `out`, theirs) writes it as my chunk k, read from
+///          my data, (op) theirs.
 /// `out` (the length of my block) is apart from my data, or my block itself, or lies before it at
 /// the front of the buffer the blocks lie in (result_at::front): then round k may overwrite only
 /// elements that rounds k and earlier have packed (every layout here keeps each element at or after
@@ -333,7 +333,7 @@ void shared_memory_reduce_scatter_packed(communicator& comm, std::size_t rounds,
             reinterpret_cast<const T*>(buffer.data() + static_cast<std::size_t>(me) * section), own.count);
         const std::span<T> result = out.subspan(own.offset, own.count);
         if (q == first_peer)
-          first(k, result, std::span<const T>(sections[static_cast<std::size_t>(me)]), theirs);
+          first(k, result, theirs);
         else
           reduce_into(result, theirs, op);
       });
@@ -361,7 +361,7 @@ void shared_memory_reduce_scatter(communicator& comm, std::span<const T> in, con
             std::memcpy(to.data(), layout.of(in, q).data() + k * chunks.chunk, to.size_bytes());
         }
       },
-      [&](std::uint64_t k, std::span<T> result, std::span<const T>, std::span<const T> theirs) {
+      [&](std::uint64_t k, std::span<T> result, std::span<const T> theirs) {
         reduce_into_forward(result, mine.subspan(k * chunks.chunk, result.size()), theirs, op);
       },
       out, op, "reduce_scatter(shared_memory)");

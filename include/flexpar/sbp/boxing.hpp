@@ -266,7 +266,7 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
   const std::size_t source_min_bytes = source_in_memory_min_bytes(v.comm);
   const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), source_min_bytes);
   const auto um = static_cast<std::size_t>(me);
-  auto reduce_mine = [&](std::uint64_t, std::span<T> result, std::span<const T>, std::span<const T> theirs) {
+  auto reduce_mine = [&](std::uint64_t, std::span<T> result, std::span<const T> theirs) {
     const std::size_t from = static_cast<std::size_t>(result.data() - out.data());
     flexpar::detail::visit_op(op, [&](auto f) {  // once, not per run (runs of a few hundred bytes)
       for_each_run(a, parts[um], from, result.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
