@@ -79,10 +79,11 @@ void one_call(rank_buffers& b, layout how) {
                            reduce_op::sum);
       continue;
     }
-    for (std::size_t r = first; r < first + m / half; ++r)  // drain: my runs where they lie, forward
-      flexpar::reduce_into(std::span<float>(out + (r - first) * half, half),
-                           std::span<const float>(data + r * cols + half, half),
-                           received.subspan((r - first) * half, half), reduce_op::sum);
+    flexpar::detail::visit_op(reduce_op::sum, [&](auto f) {   // drain: my runs where they lie, forward,
+      for (std::size_t r = first; r < first + m / half; ++r)  // as the boxing's (one dispatch a round)
+        flexpar::detail::reduce_elements_forward(out + (r - first) * half, data + r * cols + half,
+                                                 received.data() + (r - first) * half, half, f);
+    });
   }
 }
 
