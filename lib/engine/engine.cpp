@@ -87,7 +87,10 @@ struct response {
 
 std::string rank_set(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank {" : "ranks {";
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i != 0) s += ',';  // appended apart: "," + to_string(...) trips a false -Wrestrict in GCC 12
+    s += std::to_string(ranks[i]);
+  }
   return s + "}";
 }
 
