@@ -177,9 +177,9 @@ TEST_P(boxing_1d, partial_to_inner_split_reduces_strided_rows_where_they_lie) {
             check_partial_to_split<reduce_op::sum, 0>(mesh, shape, stage, ++salt);
             check_partial_to_split<reduce_op::max, 1>(mesh, shape, stage, ++salt);
           }
-        // either side of the 4 MiB at which my own runs are packed into my section too (the summand read
-        // front to back): [4100, 256] is 4 198 400 bytes (packed), [4100, 255] 4 182 000 (mine reduced
-        // in place); in rounds of outer indices, and in element chunks of 32 elements, shorter than a run
+        // MiB-sized summands, even and odd columns: in several rounds of outer indices, and in element
+        // chunks of 32 elements, shorter than a run. Whether their lines are read in the fill (a source in
+        // memory) follows this machine's cache; the_streaming_thresholds_change_no_result takes both forms.
         for (const shape_t& shape : {shape_t{4100, 256}, shape_t{4100, 255}})
           for (const staging stage : {staging{}, staging{128, 2, staged_path::shared_memory}})
             check_partial_to_split<reduce_op::sum, 1>(mesh, shape, stage, ++salt);
