@@ -190,8 +190,9 @@ TEST_P(boxing_1d, partial_to_inner_split_reduces_strided_rows_where_they_lie) {
 // Whether data is taken to be in memory picks streaming stores for destinations
 // (config::streaming_min_bytes) and, for sources (config::source_in_memory_min_bytes), inline run
 // copies and, for P -> S(i), my runs' lines read in the fill: it must change no result. At 1 byte
-// a path takes its in-memory form on small tensors (the tests above reach it only at 4 MiB), at 0
-// (never) it does not; each of the four combinations.
+// a path takes its in-memory form on small tensors (the tests above reach it only where a tensor
+// reaches the default thresholds: 4 MiB for destinations, this machine's cache share for sources),
+// at 0 (never) it does not; each of the four combinations.
 TEST_P(boxing_1d, the_streaming_thresholds_change_no_result) {
   for (const auto& [threshold, source_threshold] :
        {std::pair<std::size_t, std::size_t>{1, 1}, {0, 0}, {1, 0}, {0, 1}}) {
