@@ -19,10 +19,21 @@
 //   strided_unread   the same as strided without the reads of my lines in the fill (P -> S(1) on a
 //                    summand taken to be in cache).
 // bytes_per_second counts the summand's bytes.
+//
+// zero_copy: both ranks, as two threads (BENCHMARK ... ->Threads(2)), each summand readable by both (a
+// node-shared arena for the tensors, which flexpar does not have: the design with no fill at all).
+// Every call each rank reduces its block from the two summands straight into its own result, then
+// the two meet at a barrier (the end hand-off after which a summand may change): no round buffer,
+// no copy, no flag. The contiguous variant reads the blocks of P -> S(0), the strided one the halves
+// of every row of P -> S(1); their ratio is what the S(1) layout itself costs on the machine, with
+// nothing of the collective around it.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <barrier>
+#include <chrono>
 #include <cstddef>
+#include <memory>
 #include <span>
 
 #include <flexpar/collective/reduce_kernel.hpp>
@@ -98,8 +109,77 @@ void rank_traffic(benchmark::State& state, layout how) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
 }
 
+/// The two ranks' summands [n, 256] (rank q's: its contributions q + 1, small integers, exact in
+/// f32), their results and the barrier of the end hand-off: made by thread 0 before the timed loop
+/// (Google Benchmark starts the threads' loops together) and dropped by it after.
+struct node_summands {
+  explicit node_summands(std::size_t n) : summand{rank_filled(n, 1.0f), rank_filled(n, 2.0f)} {
+    for (auto& r : result) r.assign(n / 2, 0.0f);
+  }
+  static flexpar::aligned_vector<float> rank_filled(std::size_t n, float value) {
+    flexpar::aligned_vector<float> v(n);
+    std::fill(v.begin(), v.end(), value);
+    return v;
+  }
+  flexpar::aligned_vector<float> summand[2], result[2];
+  std::barrier<> handoff{2};
+};
+
+std::unique_ptr<node_summands> node;  // the benchmark's own, between thread 0's setup and teardown
+
+/// Rank r's block of the zero-copy reduce-scatter: contiguous (block r of both summands) or strided
+/// (half r of every row of both), written to r's own result.
+void zero_copy_block(node_summands& s, int r, bool strided) {
+  const std::size_t n = s.summand[0].size(), rows = n / cols;
+  const float* a = s.summand[r].data();
+  const float* b = s.summand[1 - r].data();
+  float* out = s.result[r].data();
+  const auto ur = static_cast<std::size_t>(r);
+  flexpar::detail::visit_op(reduce_op::sum, [&](auto f) {
+    if (!strided) {
+      flexpar::detail::reduce_elements(out, a + ur * (n / 2), b + ur * (n / 2), n / 2, f);
+      return;
+    }
+    for (std::size_t o = 0; o < rows; ++o)
+      flexpar::detail::reduce_elements(out + o * half, a + o * cols + ur * half, b + o * cols + ur * half, half, f);
+  });
+}
+
+void zero_copy(benchmark::State& state, bool strided) {
+  const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  const int r = state.thread_index();
+  if (r == 0) node = std::make_unique<node_summands>(n);
+  for (auto _ : state) {
+    // untimed: my summand written afresh by me (a boxing's summand is the last op's output, dirty in
+    // its owner's cache), then the start hand-off
+    flexpar::aligned_vector<float>& mine = node->summand[r];
+    std::fill(mine.begin(), mine.end(), static_cast<float>(r + 1));
+    node->handoff.arrive_and_wait();
+    const auto start = std::chrono::steady_clock::now();
+    zero_copy_block(*node, r, strided);
+    node->handoff.arrive_and_wait();
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * state.range(0));
+  if (r == 0) {
+    // the check: every element of both results is 1 + 2 (the bench measures a reduce-scatter, not a copy)
+    for (const auto& result : node->result)
+      if (std::any_of(result.begin(), result.end(), [](float x) { return x != 3.0f; }))
+        state.SkipWithError("wrong sum");
+    node.reset();
+  }
+}
+
 }  // namespace
 
+BENCHMARK_CAPTURE(zero_copy, contiguous, false)
+    ->Arg(1 << 20)
+    ->Arg(16 << 20)
+    ->Arg(64 << 20)
+    ->Threads(2)
+    ->UseManualTime();
+BENCHMARK_CAPTURE(zero_copy, strided, true)->Arg(1 << 20)->Arg(16 << 20)->Arg(64 << 20)->Threads(2)->UseManualTime();
 BENCHMARK_CAPTURE(rank_traffic, front, layout::front)->Arg(1 << 20)->Arg(16 << 20)->Arg(64 << 20);
 BENCHMARK_CAPTURE(rank_traffic, out_of_place, layout::out_of_place)->Arg(1 << 20)->Arg(16 << 20)->Arg(64 << 20);
 BENCHMARK_CAPTURE(rank_traffic, strided, layout::strided)->Arg(1 << 20)->Arg(16 << 20)->Arg(64 << 20);
