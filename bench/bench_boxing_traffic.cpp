@@ -113,14 +113,9 @@ void rank_traffic(benchmark::State& state, layout how) {
 /// f32), their results and the barrier of the end hand-off: made by thread 0 before the timed loop
 /// (Google Benchmark starts the threads' loops together) and dropped by it after.
 struct node_summands {
-  explicit node_summands(std::size_t n) : summand{rank_filled(n, 1.0f), rank_filled(n, 2.0f)} {
-    for (auto& r : result) r.assign(n / 2, 0.0f);
-  }
-  static flexpar::aligned_vector<float> rank_filled(std::size_t n, float value) {
-    flexpar::aligned_vector<float> v(n);
-    std::fill(v.begin(), v.end(), value);
-    return v;
-  }
+  explicit node_summands(std::size_t n)
+      : summand{flexpar::aligned_vector<float>(n, 1.0f), flexpar::aligned_vector<float>(n, 2.0f)},
+        result{flexpar::aligned_vector<float>(n / 2), flexpar::aligned_vector<float>(n / 2)} {}
   flexpar::aligned_vector<float> summand[2], result[2];
   std::barrier<> handoff{2};
 };
