@@ -5,7 +5,7 @@
 /// doc/relaxations.md describes each algorithm's pattern, bytes on the wire and when to use it.
 #pragma once
 
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/async_model_average.hpp>
 #include <flexpar/relax/bytegrad.hpp>
 #include <flexpar/relax/decentralized.hpp>

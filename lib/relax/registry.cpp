@@ -23,7 +23,7 @@ constexpr std::array<std::string_view, 8> names{"gradient_allreduce",          "
 
 std::span<const std::string_view> algorithm_names() noexcept { return names; }
 
-std::unique_ptr<algorithm> make(std::string_view name, communicator& comm, const options& o) {
+std::unique_ptr<relaxation> make(std::string_view name, communicator& comm, const options& o) {
   if (name == "gradient_allreduce") return std::make_unique<gradient_allreduce>(comm, o.hierarchical);
   if (name == "bytegrad") return std::make_unique<bytegrad>(comm, o.chunk);
   if (name == "decentralized") return std::make_unique<decentralized>(comm, peer_selection_of(o.peers), o.interval);

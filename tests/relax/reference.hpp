@@ -10,7 +10,7 @@
 
 #include <flexpar/collective/context.hpp>
 #include <flexpar/compress/minmax_uint8.hpp>
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/decentralized.hpp>
 #include <flexpar/relax/onebit_adam.hpp>
 #include <flexpar/relax/optimizer.hpp>

@@ -69,7 +69,7 @@ inline void expect_close(const flat& got, const flat& want, float tol, const com
 
 /// Runs `algo` for `steps` steps and compares with `ref` (reference.hpp) after each; `after_step(s,
 /// model)` may check more (collectively) after step s.
-inline void run_against_reference(communicator& comm, relax::algorithm& algo, int steps, const history& ref,
+inline void run_against_reference(communicator& comm, relax::relaxation& algo, int steps, const history& ref,
                                   const tolerance_fn& tol, const std::string& what,
                                   const std::function<void(int, const rank_model&)>& after_step = {}) {
   rank_model m(comm.rank());

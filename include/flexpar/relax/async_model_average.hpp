@@ -46,13 +46,13 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/flat_model.hpp>
 
 namespace flexpar::relax {
 
 /// Background weight averaging every `period_ms` (file header).
-class async_model_average final : public algorithm {
+class async_model_average final : public relaxation {
  public:
   /// Over `comm` (kept by reference; it must outlive this object).
   /// @throws usage_error if period_ms < 1, or if `comm` runs over MPI and MPI was initialized with a

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include <flexpar/compress/minmax_uint8.hpp>
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/compressed_average.hpp>
 #include <flexpar/relax/flat_model.hpp>
 
@@ -42,7 +42,7 @@ struct minmax_codec {
 }  // namespace detail
 
 /// Average gradients through min-max uint8 compression (file header: pattern, bytes).
-class bytegrad final : public algorithm {
+class bytegrad final : public relaxation {
  public:
   /// Over `comm` (kept by reference; it must outlive this object), with `chunk` elements per min-max
   /// chunk. @throws usage_error if chunk is 0.

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/flat_model.hpp>
 
 namespace flexpar::relax {
@@ -72,7 +72,7 @@ constexpr int shift_one_peer(int rank, int p, std::uint64_t round) noexcept {
 }
 
 /// Local steps, then weight averaging with peers every `interval` steps (file header).
-class decentralized final : public algorithm {
+class decentralized final : public relaxation {
  public:
   /// Over `comm` (kept by reference; it must outlive this object).
   /// @throws usage_error if interval < 1.

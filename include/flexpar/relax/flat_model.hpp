@@ -20,7 +20,7 @@
 #include <flexpar/collective.hpp>
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/error.hpp>
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax::detail {
 

@@ -17,13 +17,13 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/flat_model.hpp>
 
 namespace flexpar::relax {
 
 /// Average gradients with one fused allreduce per step (file header: pattern, bytes).
-class gradient_allreduce final : public algorithm {
+class gradient_allreduce final : public relaxation {
  public:
   /// Over `comm` (kept by reference; it must outlive this object). `hierarchical` selects the
   /// two-level allreduce (needs every node to hold the same number of ranks).

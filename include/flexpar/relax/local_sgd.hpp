@@ -19,13 +19,13 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/flat_model.hpp>
 
 namespace flexpar::relax {
 
 /// Local steps; weights averaged every `interval` steps (file header).
-class local_sgd final : public algorithm {
+class local_sgd final : public relaxation {
  public:
   /// Over `comm` (kept by reference; it must outlive this object). @throws usage_error if interval < 1.
   explicit local_sgd(communicator& comm, int interval = 4) : comm_(comm), interval_(interval) {

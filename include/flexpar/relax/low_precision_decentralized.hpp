@@ -33,13 +33,13 @@
 
 #include <flexpar/collective.hpp>
 #include <flexpar/compress/minmax_uint8.hpp>
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/flat_model.hpp>
 
 namespace flexpar::relax {
 
 /// Ring gossip of compressed weight differences with neighbour replicas (file header).
-class low_precision_decentralized final : public algorithm {
+class low_precision_decentralized final : public relaxation {
  public:
   /// Over `comm` (kept by reference; it must outlive this object).
   /// @throws usage_error if interval < 1 or chunk == 0.

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/compressed_average.hpp>
 #include <flexpar/relax/flat_model.hpp>
 #include <flexpar/relax/optimizer.hpp>
@@ -40,7 +40,7 @@ namespace flexpar::relax::detail {
 /// Adam with a compressed momentum average after `warmup` exact steps (file header). `Codec` is a
 /// compressed_average codec with `void prepare(const block_layout& parts, int rank)` called at start.
 template <class Codec>
-class momentum_adam : public algorithm {
+class momentum_adam : public relaxation {
  public:
   /// Over `comm` (kept by reference; it must outlive this object).
   /// @throws usage_error if warmup < 0.

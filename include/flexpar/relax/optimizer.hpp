@@ -19,7 +19,7 @@
 #include <vector>
 
 #include <flexpar/core/error.hpp>
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include <flexpar/relax/algorithm.hpp>
+#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/optimizer.hpp>
 
 namespace flexpar::relax {
@@ -52,6 +52,6 @@ struct options {
 /// The relaxation called `name` over `comm` (kept by reference: it must outlive the result).
 /// Not collective: the algorithm's start() is.
 /// @throws usage_error for an unknown name (listing the known ones) or invalid options.
-[[nodiscard]] std::unique_ptr<algorithm> make(std::string_view name, communicator& comm, const options& o = {});
+[[nodiscard]] std::unique_ptr<relaxation> make(std::string_view name, communicator& comm, const options& o = {});
 
 }  // namespace flexpar::relax

@@ -1,4 +1,4 @@
-// flexpar/relax/algorithm.hpp — the one interface behind every communication relaxation (BAGUA).
+// flexpar/relax/relaxation.hpp — the one interface behind every communication relaxation (BAGUA).
 //
 // A training loop hands its parameters to one relaxation and calls step() once per iteration, after
 // its backward pass; the relaxation decides what crosses the network (full gradients, compressed
@@ -11,6 +11,10 @@
 //   algo->finish(params);                      // collective: final consensus (decentralized, local_sgd)
 //
 // Every algorithm's result is checked against a serial computation of the same rule (tests/relax/).
+//
+// Names: the interface is `relaxation`; each implementation is one of BAGUA's algorithms, chosen
+// by its name (make(), algorithm_names(), the samples' --algorithm). The type is not called
+// `algorithm`: that is the collectives' enum, flexpar::algorithm, which relaxations also use.
 #pragma once
 
 #include <cstddef>
@@ -50,10 +54,10 @@ struct traffic {
   std::uint64_t exchanges = 0;   ///< steps on which it communicated
 };
 
-/// The interface: one object per training run, owned by the caller.
-class algorithm {
+/// The interface of every relaxation: one object per training run, owned by the caller.
+class relaxation {
  public:
-  virtual ~algorithm() = default;
+  virtual ~relaxation() = default;
   /// The registry name (`make(name)` builds it again).
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
   /// Collective, once before training: every rank's weights become rank 0's; state is sized.
