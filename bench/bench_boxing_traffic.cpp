@@ -38,7 +38,7 @@
 
 #include <flexpar/collective/reduce_kernel.hpp>
 #include <flexpar/core/aligned_vector.hpp>
-#include <flexpar/core/streaming_copy.hpp>  // detail::copy_run, the packs' inline run copy
+#include <flexpar/core/streaming_copy.hpp>  // copy_run, the packs' inline run copy
 #include <flexpar/sbp/boxing.hpp>           // detail::read_lines
 
 namespace {
@@ -61,7 +61,7 @@ struct rank_buffers {
 };
 
 void copy_floats(float* to, const float* from, std::size_t n) {
-  flexpar::detail::copy_run(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from),
+  flexpar::copy_run(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from),
                             n * sizeof(float));
 }
 

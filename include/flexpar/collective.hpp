@@ -49,6 +49,7 @@
 #include <flexpar/collective/reduce_chain.hpp>
 #include <flexpar/collective/reduce_kernel.hpp>
 #include <flexpar/collective/reduce_scatter_ring.hpp>
+#include <flexpar/collective/shared_memory_rounds.hpp>
 #include <flexpar/comm/communicator.hpp>
 
 namespace flexpar {
@@ -365,7 +366,7 @@ void allgather_v_placed(communicator& comm, std::span<const std::type_identity_t
                   "input of " + std::to_string(in.size()) + " elements; counts[rank] is " +
                       std::to_string(layout.count(comm.rank())));
   detail::require(s.chunk_bytes > 0, comm, "allgather_v_placed", "staging::chunk_bytes is 0; it must be positive");
-  if (detail::through_shared_memory(comm, s, "allgather_v_placed")) {
+  if (uses_shared_memory(comm, s, "allgather_v_placed")) {
     detail::shared_memory_allgather_placed(comm, std::span<const T>(in), layout, s, place);
     return;
   }
@@ -471,6 +472,30 @@ void alltoall_v(communicator& comm, std::span<const std::type_identity_t<T>> in,
     detail::unsupported(comm, "alltoall_v", a, "automatic, pairwise");
   detail::call c = detail::begin_call(comm);
   detail::pairwise_alltoall_v(c, in, sends, out, receives);
+}
+
+/// Uneven alltoall whose blocks the caller provides and receives, for layouts in which a block is
+/// not contiguous on one side (columns of a row-split tensor): pairwise over the transport, step
+/// s = 1 .. p-1 exchanging with ranks rank+s and rank-s, one partner each way per step, as
+/// alltoall_v does. In step s:
+///   source(rank+s) returns the block to send to rank+s: a span of the caller's data, or of a
+///                  staging buffer it has just packed;
+///   target(rank-s) returns where rank-s's block lands: its place in the caller's result, or a
+///                  staging buffer;
+///   landed(rank-s, block) is called once that block has landed and mine has been sent (to unpack
+///                  a staging buffer).
+/// My own block is not exchanged: the caller moves it (it is a local copy). Each span must stay
+/// valid until landed() of its step returns, so one staging buffer per direction serves every step.
+/// source(j) on rank i has as many elements as target(i) on rank j (a mismatch ends in a
+/// transport_error for truncation, or a timeout). Through the communicator's segment the same
+/// exchange is shared_memory_alltoall_placed (collective/shared_memory_rounds.hpp).
+/// Cost: alltoall_pairwise_cost. @pre the callbacks do not call into `comm`.
+template <element T, class Source, class Target, class Landed>
+requires std::invocable<Source&, int> && std::invocable<Target&, int> &&
+    std::invocable<Landed&, int, std::span<const T>>
+void alltoall_v_placed(communicator& comm, Source&& source, Target&& target, Landed&& landed) {
+  detail::call c = detail::begin_call(comm);
+  detail::pairwise_alltoall_v_placed<T>(c, source, target, landed);
 }
 
 /// Returns once every rank of `comm` has entered the barrier. Algorithms: automatic, dissemination.

@@ -51,5 +51,23 @@ void pairwise_alltoall_v(call& c, std::span<const T> in, const block_layout& sen
   }
 }
 
+/// Uneven, with the blocks provided and received by the caller (alltoall_v_placed): step s = 1 .. p-1
+/// sends source(r+s) to rank r+s, receives rank r-s's block into target(r-s), and once both are done
+/// hands it to landed(r-s, block). My own block is the caller's (step 0 is not here).
+template <element T, class Source, class Target, class Landed>
+void pairwise_alltoall_v_placed(call& c, Source&& source, Target&& target, Landed&& landed) {
+  const int p = c.size, r = c.rank;
+  for (int step = 1; step < p; ++step) {
+    const int to = modulo(r + step, p), from = modulo(r - step, p);
+    const std::span<const T> outgoing = source(to);
+    const std::span<T> landing = target(from);
+    request incoming = c.t.irecv(from, c.tag, writable_bytes_of(landing));
+    request sent = c.t.isend(to, c.tag, std::as_bytes(outgoing));
+    incoming.wait(c.until);
+    sent.wait(c.until);
+    landed(from, std::span<const T>(landing));
+  }
+}
+
 }  // namespace detail
 }  // namespace flexpar

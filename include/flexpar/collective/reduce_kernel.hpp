@@ -2,6 +2,8 @@
 //
 //   reduce_into(dst, src, op)      dst[i] = dst[i] (op) src[i]
 //   reduce_into(dst, a, b, op)     dst[i] = a[i] (op) b[i]       (dst must not overlap a or b)
+//   reduce_into_forward(dst, a, b, op)  the same, dst at or before a (in place, or reading ahead)
+//   with_reduce_kernel<T>(op, body)     body(kernel): the op dispatched once for many short runs
 //   scale_for_average(data, p)     data[i] = data[i] / p          (the end of reduce_op::avg)
 //
 // The op is dispatched once per call, outside the loop, so that each loop is a plain element-wise
@@ -259,6 +261,19 @@ void reduce_elements(T* dst, const T* a, const T* b, std::size_t n, Op op) noexc
     reduce_loop_widest(dst, a, b, n, op);
 }
 
+/// dst = a (f) b for n elements, where `dst` lies at or before `a` (a - dst = gap >= 0) or apart
+/// from it: in pieces no longer than the gap, so that no piece overwrites an element of `a` that it
+/// has yet to read (a gap of 0 is in place).
+template <element T, class Op>
+void reduce_elements_forward(T* dst, const T* a, const T* b, std::size_t n, Op f) noexcept {
+  if (dst + n <= a || a + n <= dst || dst == a) {
+    reduce_elements(dst, a, b, n, f);
+    return;
+  }
+  const auto gap = static_cast<std::size_t>(a - dst);
+  for (std::size_t at = 0; at < n; at += gap) reduce_elements(dst + at, a + at, b + at, std::min(gap, n - at), f);
+}
+
 inline void check_same_length(std::string_view what, std::size_t a, std::size_t b) {
   if (a != b)
     throw usage_error(std::string(what) + ": spans of " + std::to_string(a) + " and " + std::to_string(b) +
@@ -282,6 +297,36 @@ void reduce_into(std::span<T> dst, std::span<const T> a, std::span<const T> b, r
   detail::check_same_length("reduce_into", dst.size(), a.size());
   detail::check_same_length("reduce_into", dst.size(), b.size());
   detail::visit_op(op, [&](auto f) { detail::reduce_elements(dst.data(), a.data(), b.data(), dst.size(), f); });
+}
+
+/// out[i] = a[i] (op) b[i], where `out` lies at or before `a` (in place, or a result written ahead
+/// of the input it is read from, as a reduce-scatter that leaves its block at the front of the
+/// buffer does) or apart from it.
+/// @pre the three spans have one length (usage_error otherwise); `out` does not overlap `b`.
+template <element T>
+void reduce_into_forward(std::span<T> out, std::span<const T> a, std::span<const T> b, reduce_op op) {
+  detail::check_same_length("reduce_into_forward", out.size(), a.size());
+  detail::check_same_length("reduce_into_forward", out.size(), b.size());
+  detail::visit_op(op, [&](auto f) { detail::reduce_elements_forward(out.data(), a.data(), b.data(), out.size(), f); });
+}
+
+/// The kernel with_reduce_kernel hands its body: kernel(dst, a, b, n) computes dst[i] = a[i] (op)
+/// b[i] for n elements, `dst` at or before `a` or apart from it (reduce_into_forward's contract).
+template <element T, class Op>
+struct forward_reduce_kernel {
+  Op op;  ///< the op's element functor
+  /// Reduces one run; no checks (the caller's spans are its contract).
+  void operator()(T* dst, const T* a, const T* b, std::size_t n) const noexcept {
+    detail::reduce_elements_forward(dst, a, b, n, op);
+  }
+};
+
+/// Dispatches `op` once and calls body(kernel) with a forward_reduce_kernel<T, ...>: for callers that
+/// reduce many short runs with one op (a run-time dispatch per run of a few hundred bytes costs as
+/// much as the run). Returns what `body` returns.
+template <element T, class Body>
+decltype(auto) with_reduce_kernel(reduce_op op, Body&& body) {
+  return detail::visit_op(op, [&](auto f) { return body(forward_reduce_kernel<T, decltype(f)>{f}); });
 }
 
 /// data[i] = data[i] / ranks, computed in accumulate_t<T> (integer division for integer types):

@@ -1,13 +1,13 @@
-// flexpar/core/streaming_copy.hpp — memcpy with non-temporal stores, for large destinations that
-// are written once and not read back soon.
+// flexpar/core/streaming_copy.hpp — copies for passes that touch more memory than the cache holds:
+// memcpy with non-temporal stores for large destinations written once, an inline copy for the short
+// runs of a packing pass, and the threshold test that picks between them.
 //
 // Why: a normal store to a line that is not in cache first reads the line (read for ownership), so
 // copying into memory moves 3 bytes per byte copied; a non-temporal store writes the full line
 // without reading it. glibc's memcpy switches to such stores only above its non_temporal_threshold
-// (here 240 MiB, 3/4 of the shared cache the VM reports), so a copy cut into many short runs (the
-// rows of a tensor split on an inner axis) never gets them. Measured on this machine (2 ranks, a
-// 32 MiB shard placed as 512-byte runs at a 1 KiB stride): 8.1 ms with memcpy per run, 4.7 ms with
-// streaming stores, 4.4 ms for one contiguous memcpy of the same bytes.
+// (3/4 of the shared cache), so a copy cut into many short runs (the rows of a tensor split on an
+// inner axis) never gets them. Public: the collectives' placing passes and the SBP boxings' strided
+// packing and placing passes both use them.
 //
 // The fence is the caller's: copy runs with copy_streaming_unfenced, then store_fence() once before
 // another thread or process may read the data (a fence per short run costs more than it saves).
@@ -22,13 +22,13 @@
 #include <cstdint>
 #include <cstring>
 
-namespace flexpar::detail {
+namespace flexpar {
 
 /// Whether data of `bytes` is taken to live in memory rather than in cache, given one of the
 /// communicator's thresholds (0 = never): for destinations config::streaming_min_bytes
 /// (FLEXPAR_STREAMING_MIN_BYTES, default 4 MiB: streaming stores), for the sources of the boxings'
 /// packing passes config::source_in_memory_min_bytes (the last-level cache's share of each rank by
-/// default: the inline run copy). Another machine may want other values (doc/sbp-measured.md).
+/// default: the inline run copy). Another machine may want other values (doc/configuration.md).
 constexpr bool in_memory(std::size_t bytes, std::size_t streaming_min_bytes) noexcept {
   return streaming_min_bytes != 0 && bytes >= streaming_min_bytes;
 }
@@ -62,9 +62,9 @@ inline void copy_streaming_unfenced(std::byte* dst, const std::byte* src, std::s
 
 /// Copies `bytes` from `src` to `dst` (not overlapping) through the cache, inline: for the short runs
 /// of a packing pass over a source in memory (512 bytes in a [n, 256] f32 tensor split in two), where
-/// a call into the C library's memcpy costs as much as the copy (S(0) -> S(1) of 16-64 MiB:
-/// 1.07-1.15x of the bare alltoall with memcpy per run, 0.98-1.06x with this). In cache memcpy's
-/// wider stores win (the same boxing at 1 MiB: 1.1x -> 1.2x); runs of 2 KiB and more go to memcpy.
+/// a call into the C library's memcpy costs as much as the copy. In cache memcpy's wider stores win,
+/// so use it only for sources in memory (in_memory with the source threshold); runs of 2 KiB and
+/// more go to memcpy.
 inline void copy_run(std::byte* dst, const std::byte* src, std::size_t bytes) noexcept {
 #if defined(__x86_64__)
   if (bytes < 2048) {
@@ -91,4 +91,4 @@ inline void copy_streaming(std::byte* dst, const std::byte* src, std::size_t byt
   store_fence();
 }
 
-}  // namespace flexpar::detail
+}  // namespace flexpar

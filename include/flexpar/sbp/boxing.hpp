@@ -41,6 +41,7 @@
 
 #include <flexpar/collective.hpp>
 #include <flexpar/collective/cost.hpp>
+#include <flexpar/collective/shared_memory_rounds.hpp>
 #include <flexpar/core/streaming_copy.hpp>
 #include <flexpar/sbp/buffer_pool.hpp>
 #include <flexpar/sbp/global_tensor.hpp>
@@ -151,15 +152,15 @@ void for_each_run(const around& v, const part& rows, std::size_t from, std::size
 template <class T>
 void unpack_piece(std::span<const T> piece, const around& v, const part& rows, std::size_t from, std::span<T> data,
                   std::size_t streaming_min_bytes) {
-  const bool streaming = flexpar::detail::in_memory(data.size_bytes(), streaming_min_bytes);
+  const bool streaming = in_memory(data.size_bytes(), streaming_min_bytes);
   for_each_run(v, rows, from, piece.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
     if (streaming)
-      flexpar::detail::copy_streaming_unfenced(reinterpret_cast<std::byte*>(data.data() + at),
-                                               reinterpret_cast<const std::byte*>(piece.data() + done), m * sizeof(T));
+      copy_streaming_unfenced(reinterpret_cast<std::byte*>(data.data() + at),
+                              reinterpret_cast<const std::byte*>(piece.data() + done), m * sizeof(T));
     else
       std::copy_n(piece.data() + done, m, data.data() + at);
   });
-  if (streaming) flexpar::detail::store_fence();
+  if (streaming) store_fence();
 }
 
 /// The communicator's threshold for sources in memory (config::source_in_memory_min_bytes: resolved
@@ -174,8 +175,7 @@ inline std::size_t source_in_memory_min_bytes(const communicator& comm) noexcept
 template <class T>
 void copy_packed_run(const T* from, T* to, std::size_t n, bool from_memory) {
   if (from_memory)
-    flexpar::detail::copy_run(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from),
-                              n * sizeof(T));
+    copy_run(reinterpret_cast<std::byte*>(to), reinterpret_cast<const std::byte*>(from), n * sizeof(T));
   else
     std::copy_n(from, n, to);
 }
@@ -199,7 +199,7 @@ void read_lines(const T* p, std::size_t n) noexcept {
 template <class T>
 void pack_piece(std::span<const T> data, const around& v, const part& rows, std::size_t from, std::span<T> piece,
                 std::size_t source_min_bytes) {
-  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), source_min_bytes);
+  const bool from_memory = in_memory(data.size_bytes(), source_min_bytes);
   for_each_run(v, rows, from, piece.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
     copy_packed_run(data.data() + at, piece.data() + done, m, from_memory);
   });
@@ -264,26 +264,25 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
   // my runs are reduced where they lie; a summand in memory is read front to back by the fill, which
   // reads my runs' lines (into cache, for the drain) as it passes them
   const std::size_t source_min_bytes = source_in_memory_min_bytes(v.comm);
-  const bool from_memory = flexpar::detail::in_memory(data.size_bytes(), source_min_bytes);
+  const bool from_memory = in_memory(data.size_bytes(), source_min_bytes);
   const auto um = static_cast<std::size_t>(me);
   auto reduce_mine = [&](std::uint64_t, std::span<T> result, std::span<const T> theirs) {
     const std::size_t from = static_cast<std::size_t>(result.data() - out.data());
-    flexpar::detail::visit_op(op, [&](auto f) {  // once, not per run (runs of a few hundred bytes)
+    with_reduce_kernel<T>(op, [&](auto reduce) {  // the op once, not per run (runs of a few hundred bytes)
       for_each_run(a, parts[um], from, result.size(), [&](std::size_t at, std::size_t done, std::size_t m) {
-        flexpar::detail::reduce_elements_forward(result.data() + done, data.data() + at, theirs.data() + done, m, f);
+        reduce(result.data() + done, data.data() + at, theirs.data() + done, m);
       });
     });
   };
   const std::size_t per_round = outer_indices_per_round(  // R
-      parts, a.inner, std::min(v.stage.chunk_bytes, flexpar::detail::alltoall_section_bytes(p)) / sizeof(T));
+      parts, a.inner, std::min(v.stage.chunk_bytes, shared_memory_section_bytes(p)) / sizeof(T));
   if (per_round > 0) {
     const std::size_t stride = a.rows * a.inner;
     auto piece = [&, per_round](int q, std::uint64_t k) {
       const std::size_t first = k * per_round, run = parts[static_cast<std::size_t>(q)].count * a.inner;
-      return flexpar::detail::round_piece{first * run,
-                                          first < a.outer ? std::min(per_round, a.outer - first) * run : 0};
+      return round_piece{first * run, first < a.outer ? std::min(per_round, a.outer - first) * run : 0};
     };
-    flexpar::detail::shared_memory_reduce_scatter_packed<T>(
+    shared_memory_reduce_scatter_packed<T>(
         v.comm, (a.outer + per_round - 1) / per_round, piece,
         [&](std::uint64_t k, std::span<const std::span<T>> sections) {
           const std::size_t first = k * per_round, last = std::min(first + per_round, a.outer);
@@ -300,11 +299,11 @@ void reduce_scatter_strided_rows(axis_view<T>& v, const around& a, const std::ve
         reduce_mine, out, op, name);
     return;
   }
-  const flexpar::detail::round_chunks chunks = flexpar::detail::alltoall_round_chunks<T>(v.stage, p);
+  const round_chunks chunks = alltoall_round_chunks<T>(v.stage, p);
   std::size_t rounds = 0;
   for (const std::size_t n : counts) rounds = std::max(rounds, chunks.rounds(n));
-  auto piece = flexpar::detail::element_pieces(chunks, [&](int q, int) { return counts[static_cast<std::size_t>(q)]; });
-  flexpar::detail::shared_memory_reduce_scatter_packed<T>(
+  auto piece = element_pieces(chunks, [&](int q, int) { return counts[static_cast<std::size_t>(q)]; });
+  shared_memory_reduce_scatter_packed<T>(
       v.comm, rounds, [&](int q, std::uint64_t k) { return piece(q, q, k); },
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
@@ -335,7 +334,7 @@ void box_axis(axis_view<T>& v, partial<Op>, split<I>) {
   const auto parts = detail::parts_of(a.rows, v.comm.size());
   std::vector<std::size_t> counts(parts.size());
   for (std::size_t j = 0; j < parts.size(); ++j) counts[j] = a.outer * parts[j].count * a.inner;
-  if (a.outer != 1 && flexpar::detail::through_shared_memory(v.comm, v.stage, "boxing P -> S(i)")) {
+  if (a.outer != 1 && uses_shared_memory(v.comm, v.stage, "boxing P -> S(i)")) {
     detail::reduce_scatter_strided_rows<T>(v, a, parts, counts, Op);
     v.local.resize(counts[static_cast<std::size_t>(v.comm.rank())]);  // my block is the front
     return;
@@ -381,12 +380,12 @@ bool allgather_rows_shared_memory(axis_view<T>& v, const around& a, const std::v
       outer_indices_per_round(parts, a.inner, std::min(v.stage.chunk_bytes, shm_round_bytes) / sizeof(T));
   if (per_round == 0) return false;
   const std::size_t stride = a.rows * a.inner, rounds = (a.outer + per_round - 1) / per_round;
-  const bool streaming = flexpar::detail::in_memory(out.size_bytes(), v.comm.settings().streaming_min_bytes);
+  const bool streaming = in_memory(out.size_bytes(), v.comm.settings().streaming_min_bytes);
   const auto um = static_cast<std::size_t>(me);
   const std::size_t my_length = parts[um].count * a.inner;
-  const int last_peer = flexpar::detail::modulo(me - 1, p);
+  const int last_peer = (me + p - 1) % p;
   std::vector<const T*> runs_of(static_cast<std::size_t>(p));  // round k's first run of each block
-  flexpar::detail::shared_memory_rounds(
+  shared_memory_rounds(
       v.comm, rounds, "boxing S(i) -> B (shared_memory)",
       [&](std::uint64_t k, std::span<std::byte> buffer) {
         const std::size_t first = k * per_round, end = std::min(first + per_round, a.outer);
@@ -405,11 +404,11 @@ bool allgather_rows_shared_memory(axis_view<T>& v, const around& a, const std::v
             auto* to = reinterpret_cast<std::byte*>(out.data() + o * stride + parts[b].offset * a.inner);
             const auto* from = reinterpret_cast<const std::byte*>(runs_of[b] + (o - first) * length);
             if (streaming)
-              flexpar::detail::copy_streaming_unfenced(to, from, length * sizeof(T));
+              copy_streaming_unfenced(to, from, length * sizeof(T));
             else
               std::memcpy(to, from, length * sizeof(T));
           }
-        if (streaming) flexpar::detail::store_fence();
+        if (streaming) store_fence();
       });
   return true;
 }
@@ -430,7 +429,7 @@ void box_axis(axis_view<T>& v, split<I>, broadcast) {
   aligned_vector<T> gathered = v.pool.template acquire<T>(elements_of(v.group_shape));
   if (a.outer == 1 && v.stage.path == staged_path::automatic) {  // the bare allgather_v, by its own choice
     allgather_v(v.comm, std::span<const T>(v.local), std::span<T>(gathered), std::span<const std::size_t>(counts));
-  } else if (v.comm.size() > 1 && flexpar::detail::through_shared_memory(v.comm, v.stage, "boxing S(i) -> B") &&
+  } else if (v.comm.size() > 1 && uses_shared_memory(v.comm, v.stage, "boxing S(i) -> B") &&
              detail::allgather_rows_shared_memory<T>(v, a, parts, std::span<T>(gathered))) {
     // written row by row through the segment
   } else {
@@ -498,21 +497,21 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
   // by outer index: rank `from`'s run for rank `to` is rows_j[to] * inners[from] elements
   const std::size_t per_round = outer_indices_per_round(  // R
       rows_j, *std::max_element(inners.begin(), inners.end()),
-      std::min(v.stage.chunk_bytes, flexpar::detail::alltoall_section_bytes(p)) / sizeof(T));
+      std::min(v.stage.chunk_bytes, shared_memory_section_bytes(p)) / sizeof(T));
   if (send_view.outer > 1 && per_round > 0) {
     std::size_t rounds = 0;
     for (const std::size_t outer : outers) rounds = std::max(rounds, (outer + per_round - 1) / per_round);
     auto piece = [&, per_round](int from, int to, std::uint64_t k) {
-      if (from == to) return flexpar::detail::round_piece{};  // my own block skips the segment (below)
+      if (from == to) return round_piece{};  // my own block skips the segment (below)
       const std::size_t outer = outers[static_cast<std::size_t>(from)], first = k * per_round;
       const std::size_t run = rows_j[static_cast<std::size_t>(to)].count * inners[static_cast<std::size_t>(from)];
-      return flexpar::detail::round_piece{first * run, first < outer ? std::min(per_round, outer - first) * run : 0};
+      return round_piece{first * run, first < outer ? std::min(per_round, outer - first) * run : 0};
     };
     const std::size_t stride = send_view.rows * send_view.inner;
-    const bool from_memory = flexpar::detail::in_memory(v.local.size() * sizeof(T), source_min_bytes);
-    const bool streaming = flexpar::detail::in_memory(next.size_bytes(), streaming_min_bytes);
+    const bool from_memory = in_memory(v.local.size() * sizeof(T), source_min_bytes);
+    const bool streaming = in_memory(next.size_bytes(), streaming_min_bytes);
     const std::size_t um = static_cast<std::size_t>(v.comm.rank()), my_run = rows_j[um].count * send_view.inner;
-    flexpar::detail::shared_memory_alltoall_placed<T>(
+    shared_memory_alltoall_placed<T>(
         v.comm, rounds, piece,
         [&](std::uint64_t k, std::span<const std::span<T>> sections) {
           const std::size_t first = k * per_round, last = std::min(first + per_round, send_view.outer);
@@ -529,24 +528,23 @@ void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>&
               }
               own.advance(run, [&](std::size_t at, std::size_t done, std::size_t m) {
                 if (streaming)
-                  flexpar::detail::copy_streaming_unfenced(reinterpret_cast<std::byte*>(next.data() + at),
-                                                           reinterpret_cast<const std::byte*>(from + done),
-                                                           m * sizeof(T));
+                  copy_streaming_unfenced(reinterpret_cast<std::byte*>(next.data() + at),
+                                          reinterpret_cast<const std::byte*>(from + done), m * sizeof(T));
                 else
                   copy_packed_run(from + done, next.data() + at, m, from_memory);
               });
             }
-          if (streaming) flexpar::detail::store_fence();
+          if (streaming) store_fence();
         },
         place, op);
     return;
   }
-  const flexpar::detail::round_chunks chunks = flexpar::detail::alltoall_round_chunks<T>(v.stage, p);
+  const round_chunks chunks = alltoall_round_chunks<T>(v.stage, p);
   std::size_t rounds = 0;  // the same on every rank: the most chunks of any block
   for (int from = 0; from < p; ++from)
     for (int to = 0; to < p; ++to) rounds = std::max(rounds, chunks.rounds(block(from, to)));
-  flexpar::detail::shared_memory_alltoall_placed<T>(
-      v.comm, rounds, flexpar::detail::element_pieces(chunks, block),
+  shared_memory_alltoall_placed<T>(
+      v.comm, rounds, element_pieces(chunks, block),
       [&](std::uint64_t k, std::span<const std::span<T>> sections) {
         for (std::size_t q = 0; q < up; ++q)
           if (!sections[q].empty())
@@ -595,7 +593,7 @@ requires(I != J) void box_axis(axis_view<T>& v, split<I>, split<J>) {
   };
 
   aligned_vector<T> next = v.pool.template acquire<T>(elements_of(mine_next));
-  if (flexpar::detail::through_shared_memory(v.comm, v.stage, "boxing S(i) -> S(j)")) {
+  if (uses_shared_memory(v.comm, v.stage, "boxing S(i) -> S(j)")) {
     detail::alltoall_in_rounds<T>(v, std::size_t{I}, rows_i, std::size_t{J}, rows_j, send_view, receive_view, next);
     v.pool.give_back(std::move(v.local));
     v.local = std::move(next);
@@ -606,28 +604,29 @@ requires(I != J) void box_axis(axis_view<T>& v, split<I>, split<J>) {
   // step 0
   const box own = block_of_mine(um);
   copy_box<T>(v.local, mine_now, own.offset, next, mine_next, block_of_next(um).offset, own.extent);
-  flexpar::detail::call c = flexpar::detail::begin_call(v.comm);
-  for (int step = 1; step < p; ++step) {
-    const auto to = static_cast<std::size_t>(flexpar::detail::modulo(me + step, p));
-    const auto from = static_cast<std::size_t>(flexpar::detail::modulo(me - step, p));
-    const box out_block = block_of_mine(to), in_block = block_of_next(from);
-    const std::size_t out_n = out_block.elements(), in_n = in_block.elements();
-    std::span<const T> outgoing = std::span<const T>(v.local).subspan(flat(out_block, mine_now), out_n);
-    if (pack) {
-      const std::span<T> staged = std::span<T>(out_stage).first(out_n);
-      copy_box<T>(v.local, mine_now, out_block.offset, staged, out_block.extent, zero, out_block.extent);
-      outgoing = staged;
-    }
-    const std::span<T> landing =
-        unpack ? std::span<T>(in_stage).first(in_n) : std::span<T>(next).subspan(flat(in_block, mine_next), in_n);
-    request incoming = c.t.irecv(static_cast<int>(from), c.tag, flexpar::detail::writable_bytes_of(landing));
-    request sent = c.t.isend(static_cast<int>(to), c.tag, std::as_bytes(outgoing));
-    incoming.wait(c.until);
-    sent.wait(c.until);
-    if (unpack)
-      copy_box<T>(std::span<const T>(landing), in_block.extent, zero, next, mine_next, in_block.offset,
-                  in_block.extent);
-  }
+  // steps 1 .. p-1: the block for rank me+s packed unless it is contiguous in my shard; rank me-s's
+  // block received straight into the result unless it is strided there
+  alltoall_v_placed<T>(
+      v.comm,
+      [&](int to) {
+        const box out_block = block_of_mine(static_cast<std::size_t>(to));
+        const std::size_t out_n = out_block.elements();
+        if (!pack) return std::span<const T>(v.local).subspan(flat(out_block, mine_now), out_n);
+        const std::span<T> staged = std::span<T>(out_stage).first(out_n);
+        copy_box<T>(v.local, mine_now, out_block.offset, staged, out_block.extent, zero, out_block.extent);
+        return std::span<const T>(staged);
+      },
+      [&](int from) {
+        const box in_block = block_of_next(static_cast<std::size_t>(from));
+        const std::size_t in_n = in_block.elements();
+        return unpack ? std::span<T>(in_stage).first(in_n)
+                      : std::span<T>(next).subspan(flat(in_block, mine_next), in_n);
+      },
+      [&](int from, std::span<const T> landed) {
+        if (!unpack) return;
+        const box in_block = block_of_next(static_cast<std::size_t>(from));
+        copy_box<T>(landed, in_block.extent, zero, next, mine_next, in_block.offset, in_block.extent);
+      });
   v.pool.give_back(std::move(out_stage));
   v.pool.give_back(std::move(in_stage));
   v.pool.give_back(std::move(v.local));
