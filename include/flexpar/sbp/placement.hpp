@@ -14,7 +14,7 @@
 // Static extents: static_mesh<2, 2> is a placement<2> whose extents are part of its type; its
 // construction checks them against the communicator (a usage_error naming both), and the boxing route
 // on it is a compile-time value that sees the real extents (route_on<From, To, static_mesh<2, 2>>, in
-// boxing.hpp). Boxing on any placement runs the route planned on its real extents.
+// boxing/route.hpp). Boxing on any placement runs the route planned on its real extents.
 #pragma once
 
 #include <array>
