@@ -292,8 +292,8 @@ std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<c
 /// a caller that keeps only its block (P -> S boxing) cuts the buffer down to it without moving
 /// counts[rank] elements. Returns that span. Every element past it holds partial results (the ring)
 /// or this rank's own input (shared_memory). The same steps and bytes as the other in-place form
-/// (result_at::my_block is it); through the segment the front form measured 1.0-1.2x of it, since it
-/// writes its result to lines other than the ones it has just read (doc/collectives.md).
+/// (result_at::my_block is it); through the segment the front form can take longer than it, since
+/// it writes its result to lines other than the ones it has just read.
 /// Algorithms: automatic, ring, shared_memory.
 template <element T>
 std::span<T> reduce_scatter_v(communicator& comm, std::span<T> data, std::span<const std::size_t> counts, reduce_op op,

@@ -139,12 +139,11 @@ inline algorithm cheapest_allreduce(communicator& comm, std::size_t bytes) {
 }
 }  // namespace detail
 
-/// allgather(_v): on one node shared_memory whenever the segment exists (measured as fast or faster
-/// at every size, doc/collectives.md: 4 KiB 0.9 us against 8-9 us through the transport, where the
-/// cost model's ping-pong alpha predicts the transport's steps cheaper; in this VM's slow state,
-/// same page, the transport wins from 64 KiB and the cost model cannot see it); otherwise ring or
-/// recursive_doubling, by cost. Collective (it may create the segment); every rank gets the same
-/// answer.
+/// allgather(_v): on one node shared_memory whenever the segment exists, otherwise ring or
+/// recursive_doubling, by cost. The one-node rule is not a cost comparison: the cost model's
+/// ping-pong alpha prices the transport's steps cheaper than the segment's hand-offs, while the
+/// segment measured as fast or faster at every size (doc/collectives.md has the table). Collective
+/// (it may create the segment); every rank gets the same answer.
 inline algorithm choose_allgather(communicator& comm, std::size_t bytes) {
   const int p = comm.size();
   if (p == 1) return algorithm::ring;
@@ -156,9 +155,8 @@ inline algorithm choose_allgather(communicator& comm, std::size_t bytes) {
              : algorithm::ring;
 }
 
-/// alltoall: on one node shared_memory whenever the segment exists (as for allgather: 0.7 us against
-/// 8.7 us at 4 KiB, 2.2 ms against 4.9 ms at 16 MiB), pairwise otherwise; collective, like
-/// choose_allgather.
+/// alltoall: on one node shared_memory whenever the segment exists (the rule of choose_allgather,
+/// for the same reason), pairwise otherwise; collective, like choose_allgather.
 inline algorithm choose_alltoall(communicator& comm, std::size_t) {
   if (comm.size() == 1) return algorithm::pairwise;
   return detail::one_node_segment(comm) ? algorithm::shared_memory : algorithm::pairwise;

@@ -6,9 +6,8 @@
 // past a page. A copy then writes every run of a strided placing (the 512-byte rows of a tensor
 // split on an inner axis) across one more cache line than it holds, and the streaming stores the
 // shared-memory rounds use for destinations in memory go through the cache at each run's ends
-// (streaming_copy.hpp). On a 16-core Intel Xeon VM, S(1) -> B of 4-64 MiB took 1.36-1.52x of its
-// bare allgather with 16-byte aligned buffers (the bare's and the tensors' alike) and 0.93-1.00x
-// with 64-byte aligned ones (doc/sbp-measured.md). Global tensors keep their shards in these;
+// (streaming_copy.hpp): on a 16-core Intel Xeon host S(1) -> B took about 1.4x as long with
+// 16-byte aligned buffers as with 64-byte aligned ones. Global tensors keep their shards in these;
 // callers of the bare collectives get the same from them.
 #pragma once
 

@@ -51,10 +51,9 @@ struct config {
   /// FLEXPAR_STREAMING_MIN_BYTES (bytes; default 4 MiB; 0 = never): a destination of at least this
   /// many bytes is taken to live in memory, not in cache, by the shared-memory collectives and the
   /// boxings, and written with streaming (non-temporal) stores. Where it pays depends on the machine
-  /// (doc/sbp-measured.md): on a 2-core AMD EPYC VM streaming from 4 MiB on was as fast or faster;
-  /// on a 16-core Intel Xeon VM (an H100 host) S(1) -> B of 16-64 MiB took 0.98-1.00x of its bare
-  /// allgather with it and 1.17-1.18x with 0 (never), once the buffers were 64-byte aligned. Sources
-  /// have their own threshold (below).
+  /// (doc/configuration.md): on the 2-core AMD EPYC VM of CI and on a 16-core Intel Xeon host,
+  /// streaming from 4 MiB on was as fast or faster than never streaming. Sources have their own
+  /// threshold (below).
   std::size_t streaming_min_bytes = std::size_t{4} << 20;
 
   /// FLEXPAR_SOURCE_IN_MEMORY_MIN_BYTES (bytes; 0 = never; unset: the last-level cache divided among
@@ -63,11 +62,9 @@ struct config {
   /// boxings' packing passes (P -> S(i), S(i) -> S(j) with i, j inner axes), which then copy its short
   /// runs inline and read it front to back once. Sources and destinations differ: a destination in
   /// memory is worth streaming stores whether or not its source is cached, while a source held by a
-  /// large last-level cache is better read in place. Steady state, P -> S(1) against its bare
-  /// reduce-scatter: on the 16-core Intel Xeon VM (300 MiB L3, 2 ranks: 150 MiB each) 1.19x and 1.32x
-  /// at 16 and 64 MiB with 4 MiB for sources, 1.02x and 1.04x with this default; on the 2-core AMD
-  /// EPYC VM (32 MiB L3: 16 MiB each) 1.16-1.29x at 4 MiB with 4 MiB, 0.92-0.99x with this default
-  /// (doc/sbp-measured.md).
+  /// large last-level cache is better read in place: the default, the cache's share of each rank,
+  /// measured faster than a fixed 4 MiB both on a large-cache Intel host and on the small-cache AMD
+  /// VM of CI.
   std::optional<std::size_t> source_in_memory_min_bytes;
 
   // ---- engine (include/flexpar/engine/engine.hpp) ----

@@ -2,8 +2,8 @@
 //
 // Why: a boxing returns a new tensor and works through temporaries (packed blocks, gathered rows).
 // Allocated fresh each call, buffers of a few MiB sit around glibc's mmap threshold: every call
-// maps, page-faults and unmaps them again, which costs more than the collective itself at 4 MiB
-// (doc/sbp-measured.md). A buffer_pool keeps the buffers that tensors and boxing temporaries give
+// maps, page-faults and unmaps them again, which costs more than the collective itself at 4 MiB.
+// A buffer_pool keeps the buffers that tensors and boxing temporaries give
 // back and hands them out again:
 //
 //   - size classes by capacity (powers of two): acquire(n) takes a buffer of capacity >= n from the
@@ -15,8 +15,7 @@
 //     filling (n - size), then the one whose size is closest above n (cutting it down wastes the
 //     fewest initialized elements, which a later large request would have to fill again), then the
 //     most recently returned (the warmest). Without this rule a loop boxing S(0) -> B swapped two
-//     64 MiB buffers between the shard and the result and zeroed 32 MiB per call, 25% of the call
-//     (doc/sbp-measured.md);
+//     64 MiB buffers between the shard and the result and zeroed 32 MiB per call, 25% of the call;
 //   - bounded: the pool holds at most max_bytes() of capacity; a buffer that does not fit is freed;
 //   - typed lists per element type behind one object (a placement holds one pool for every T);
 //   - thread-safe (one mutex): copies of a placement may be used from several threads.

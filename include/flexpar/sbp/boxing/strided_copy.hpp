@@ -154,8 +154,8 @@ void copy_packed_run(const T* from, T* to, std::size_t n, bool from_memory) {
 /// Reads one byte of every cache line that elements [p, p + n) touch, and nothing else: a pass of a
 /// fill over runs it does not copy (P -> S(i)'s own runs of a summand in memory), which keeps the
 /// summand's read one stream, front to back, and leaves the runs in cache for the drain. Loads, not
-/// prefetch hints: `prefetcht0` per line left P -> S(1) at 1.14-1.16x of the bare at 64 MiB
-/// (doc/sbp-measured.md, 2026-11-22), and a hint may be dropped when many misses are in flight.
+/// prefetch hints: a hint may be dropped when many misses are in flight (a prefetch per line
+/// measured slower).
 template <class T>
 void read_lines(const T* p, std::size_t n) noexcept {
   const auto* bytes = reinterpret_cast<const volatile unsigned char*>(p);

@@ -33,17 +33,14 @@ namespace detail {
 ///   rounds: R outer indices each (R runs of the widest block fit a chunk: v.stage.chunk_bytes, at
 ///           most a section); round k packs outer indices [kR, kR + R) in memory order, each one's
 ///           run for every rank in turn (from a summand in memory with copy_packed_run's inline
-///           copy: with a memcpy call per 512-byte run P -> S(1) of 64 MiB took 1.18x of the
-///           bare reduce-scatter, with the inline copy 1.09x; five runs each, medians);
+///           copy: a memcpy call per run of a few hundred bytes costs as much as the run);
 ///   mine:   my runs stay where they lie and the drain reduces them there, forward, run by run. For
 ///           a summand in memory (in_memory with the communicator's threshold) the fill reads one
 ///           byte of each of their lines as it passes them (read_lines), so that the summand is read
 ///           once, front to back, as the bare reduce-scatter reads its input, and the drain finds
-///           them in cache. Skipping them in the fill left every row half read, and the drain read
-///           my halves from memory: 1.7-2x of the bare at 16-64 MiB. Copying them into my own
-///           section, as until 2026-11-25, costs a pass in cache: P -> S(1) 1.33-1.35x of the bare
-///           at 16 MiB and 1.18-1.28x at 64 MiB against 1.14-1.24x and 1.17-1.22x reading the
-///           lines, four alternating runs each (doc/sbp-measured.md);
+///           them in cache. Skipping them in the fill leaves every row half read, and the drain
+///           reads my halves from memory again; copying them into my own section costs a pass in
+///           cache. Both measured slower than reading the lines (CHANGELOG.md);
 ///   drain:  my chunk k (op) the peers' sections -> the front.
 /// Round k writes elements of outer indices below (k+1)R only (my block's index o * length_me + w
 /// lies at o * rows * inner + ... >= it), all of them packed by then. When not even one outer index
@@ -135,11 +132,8 @@ namespace detail {
 ///           in_memory), where placing each block's runs as it lands wrote half of
 ///           every row in each of p passes.
 /// Cost: the bare allgather's (two flag hand-offs per round, my chunk copied in, n placed); the
-/// placing works in runs of length_q. S(1) -> B of an f32 [n, 256] tensor on 2 ranks, medians over
-/// five repeats of the whole table, four runs of each build (doc/sbp-measured.md, 2026-11-23):
-/// 1.03-1.13x of the bare allgather at 1 MiB against 1.07-1.18x when each block's runs were placed
-/// as they landed, 0.97-1.00x at 64 MiB against 1.00-1.05x. Returns false, moving nothing, when not
-/// even one outer index of the widest block fits a chunk (the caller then places element chunks).
+/// placing works in runs of length_q. Returns false, moving nothing, when not even one outer index
+/// of the widest block fits a chunk (the caller then places element chunks).
 template <class T>
 bool allgather_rows_shared_memory(axis_view<T>& v, const around& a, const std::vector<part>& parts, std::span<T> out) {
   const int p = v.comm.size(), me = v.comm.rank();
@@ -194,15 +188,14 @@ namespace detail {
 /// When my blocks are strided in my shard (j is not the outermost axis: [outer, rows of j, inner],
 /// block q = rows_j[q] of each outer index), round k covers the same outer indices [kR, kR + R) of
 /// every block, and the pack reads them in memory order, each outer index's runs for all ranks in
-/// turn: one block after another instead read every run with a gap the size of the other blocks'
-/// runs, which took twice the time of a contiguous copy here (32 MiB shard, runs of 512 bytes).
+/// turn: one block after another instead reads every run with a gap the size of the other blocks'
+/// runs, which measured about twice as slow as a contiguous copy of the same bytes.
 /// R is the most outer indices whose runs for the widest block fit a chunk (v.stage.chunk_bytes, at
 /// most a section); when not even one fits (huge runs: nothing is strided at that scale), the blocks
 /// go in element chunks. In the rounds of outer indices my own block skips the segment: the pack
 /// copies each of its runs from my shard to its place in the result as it passes it (run_cursor),
 /// once, where the bare alltoall packs its own block into its section and places it from there
-/// (2x n/p^2 bytes copied; S(0) -> S(1) of [n, 256] f32 on 2 ranks went from 1.10-1.14x of the bare
-/// to 0.89-0.97x at 16 MiB).
+/// (n/p^2 bytes copied twice).
 template <class T>
 void alltoall_in_rounds(axis_view<T>& v, std::size_t i, const std::vector<part>& rows_i, std::size_t j,
                         const std::vector<part>& rows_j, const around& send_view, const around& receive_view,
