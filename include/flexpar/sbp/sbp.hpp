@@ -8,6 +8,7 @@
 //   global_tensor.hpp  global_tensor<T, Sbp>: logical shape + my shard; from_full, scatter, to_full
 //   boxing.hpp         to<NewSbp>(t): one overload per transform, nd routes, boxing_cost
 //   local_math.hpp     the shards' GEMM (BLAS)
+//   signature.hpp      the ops' signature tables as values (shared with dynamic.hpp and the search)
 //   ops.hpp            matmul, add, mul, relu, softmax, embedding, reduce_sum with deduced SBPs
 #pragma once
 
@@ -18,3 +19,4 @@
 #include <flexpar/sbp/ops.hpp>
 #include <flexpar/sbp/parallel.hpp>
 #include <flexpar/sbp/placement.hpp>
+#include <flexpar/sbp/signature.hpp>
