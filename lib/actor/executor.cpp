@@ -1,4 +1,4 @@
-// The worker pool of actor graphs (include/flexpar/actor/executor.hpp).
+// lib/actor/executor.cpp — the worker pool of actor graphs (include/flexpar/actor/executor.hpp).
 #include <flexpar/actor/executor.hpp>
 
 namespace flexpar {

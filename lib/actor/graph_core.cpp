@@ -1,4 +1,5 @@
-// The register / mailbox state machine of an actor graph (include/flexpar/actor/graph_core.hpp).
+// lib/actor/graph_core.cpp — the register / mailbox state machine of an actor graph
+// (include/flexpar/actor/graph_core.hpp).
 #include <flexpar/actor/graph_core.hpp>
 #include <flexpar/actor/remote_edge.hpp>
 #include <flexpar/timeline.hpp>

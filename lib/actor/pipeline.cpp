@@ -1,4 +1,5 @@
-// Pipeline parallelism: schedules and the per-stage step loop (include/flexpar/actor/pipeline.hpp).
+// lib/actor/pipeline.cpp — pipeline parallelism: schedules and the per-stage step loop
+// (include/flexpar/actor/pipeline.hpp).
 #include <flexpar/actor/pipeline.hpp>
 #include <flexpar/timeline.hpp>
 

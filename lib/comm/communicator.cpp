@@ -1,3 +1,6 @@
+// lib/comm/communicator.cpp — the compiled part of flexpar/comm/communicator.hpp: communicators from
+// MPI (node detection, the transport chosen by config) and their splits, node topologies.
+
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/check_mpi.hpp>
 #include <flexpar/transport/mpi.hpp>

@@ -1,3 +1,6 @@
+// lib/core/config.cpp — reading the FLEXPAR_* environment into a config (flexpar/core/config.hpp),
+// with errors that name the variable and what it expects.
+
 #include <flexpar/core/config.hpp>
 #include <flexpar/core/error.hpp>
 

@@ -1,5 +1,5 @@
-// The compression kernels of flexpar/cuda/kernels.hpp: min-max uint8 (encode, decode, decode-add)
-// and 1-bit signs with error feedback (encode, decode), in the host compressors' byte formats.
+// lib/cuda/compress.cu — the compression kernels of flexpar/cuda/kernels.hpp: min-max uint8 (encode, decode,
+// decode-add) and 1-bit signs with error feedback (encode, decode), in the host compressors' byte formats.
 //
 // One warp per chunk (a grid-stride loop over chunks): the warp reduces its chunk's min/max (or sum
 // of |v|) with shuffles, lane 0 writes the chunk's header, and the lanes write the codes (min-max:

@@ -1,4 +1,5 @@
-// flexpar/cuda/collective.hpp: device collectives, NCCL or staged through pinned host memory.
+// lib/cuda/device_collectives.cpp — flexpar/cuda/collective.hpp: device collectives, NCCL or staged through pinned host
+// memory.
 #include <flexpar/cuda/collective.hpp>
 
 #include <mpi.h>

@@ -1,4 +1,4 @@
-// The batched copy of flexpar/cuda/kernels.hpp (fusion_packer): many device regions in one launch.
+// lib/cuda/fusion.cu — the batched copy of flexpar/cuda/kernels.hpp (fusion_packer): many device regions in one launch.
 //
 // The host splits every region into units of 16 KiB and numbers them (prefix sums in the descriptor
 // table); block b takes units b, b + grid, ... and finds each unit's region by binary search on those

@@ -1,4 +1,4 @@
-// Internal to lib/cuda: how flexpar's kernels size their grids and check their launches.
+// lib/cuda/launch.cuh — internal to lib/cuda: how flexpar's kernels size their grids and check their launches.
 #pragma once
 
 #include <cuda_runtime.h>

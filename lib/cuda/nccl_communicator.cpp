@@ -1,4 +1,4 @@
-// flexpar/cuda/nccl.hpp: the non-blocking NCCL communicator and its watchdog.
+// lib/cuda/nccl_communicator.cpp — flexpar/cuda/nccl.hpp: the non-blocking NCCL communicator and its watchdog.
 //
 // Locking: `nccl_mutex` serializes every NCCL call on the communicator (the caller's enqueues and the
 // watchdog's ncclCommGetAsyncError / ncclCommAbort); `queue_mutex` guards the operations in flight

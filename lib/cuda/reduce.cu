@@ -1,5 +1,5 @@
-// The element-wise reduction kernels of flexpar/cuda/kernels.hpp: dst = a (op) b for every dtype and
-// op, and the division that ends reduce_op::avg.
+// lib/cuda/reduce.cu — the element-wise reduction kernels of flexpar/cuda/kernels.hpp: dst = a (op) b for every dtype
+// and op, and the division that ends reduce_op::avg.
 //
 // One grid-stride kernel per (type, op): the spans split into a scalar head, a body of 16-byte
 // vectors (every pointer aligned) and a scalar tail (kernel_math.hpp: split_for_vectors). Each

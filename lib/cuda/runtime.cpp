@@ -1,4 +1,4 @@
-// The non-template parts of flexpar/cuda/runtime.hpp.
+// lib/cuda/runtime.cpp — the non-template parts of flexpar/cuda/runtime.hpp.
 #include <flexpar/cuda/runtime.hpp>
 
 #include <thread>

@@ -1,6 +1,6 @@
-// The engine's bridge from type-erased responses (dtype + bytes) to the templated collectives.
-// Each call picks the algorithm the way `automatic` would (so the timeline can name it), runs it,
-// and returns its name.
+// lib/engine/collective_calls.hpp — the engine's bridge from type-erased responses (dtype + bytes) to the templated
+// collectives. Each call picks the algorithm the way `automatic` would (so the timeline can name it), runs it, and
+// returns its name.
 #pragma once
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The engine: submission queue, background thread, coordinator, fusion, timeline.
+// lib/engine/engine.cpp — the engine: submission queue, background thread, coordinator, fusion, timeline.
 // The protocol is described step by step in include/flexpar/engine/engine.hpp; the step numbers
 // below refer to it.
 #include <flexpar/engine/engine.hpp>

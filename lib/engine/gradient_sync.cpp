@@ -1,3 +1,6 @@
+// lib/engine/gradient_sync.cpp — gradient_sync (flexpar/engine/gradient_sync.hpp): gradients handed
+// to the engine as they become ready, averaged, and the initial broadcast of the parameters.
+
 #include <flexpar/engine/gradient_sync.hpp>
 
 #include <algorithm>

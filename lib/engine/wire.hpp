@@ -1,4 +1,4 @@
-// The engine's message encoding: fixed-width little-endian fields and length-prefixed strings,
+// lib/engine/wire.hpp — the engine's message encoding: fixed-width little-endian fields and length-prefixed strings,
 // appended to / read from a byte vector. Reading past the end is a protocol error (a bug or a
 // peer running another flexpar version), reported as such.
 #pragma once

@@ -1,4 +1,4 @@
-// relax::make: every relaxation by name (include/flexpar/relax/registry.hpp).
+// lib/relax/registry.cpp — relax::make: every relaxation by name (include/flexpar/relax/registry.hpp).
 #include <flexpar/relax/registry.hpp>
 
 #include <array>

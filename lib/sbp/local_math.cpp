@@ -1,5 +1,5 @@
-// The BLAS calls of the SBP ops (flexpar/sbp/local_math.hpp). Kept out of the headers so that code
-// including flexpar never needs cblas.h.
+// lib/sbp/local_math.cpp — the BLAS calls of the SBP ops (flexpar/sbp/local_math.hpp). Kept out of the headers so that
+// code including flexpar never needs cblas.h.
 #include <cblas.h>
 
 #include <algorithm>

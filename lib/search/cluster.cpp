@@ -1,4 +1,4 @@
-// The cluster model: presets, JSON, and the measured-on-this-machine constructor.
+// lib/search/cluster.cpp — the cluster model: presets, JSON, and the measured-on-this-machine constructor.
 #include <flexpar/collective.hpp>
 #include <flexpar/collective/automatic.hpp>
 #include <flexpar/comm/communicator.hpp>

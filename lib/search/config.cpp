@@ -1,4 +1,4 @@
-// SOAP configs: their SBP signatures, the candidate space, the reference strategies and JSON.
+// lib/search/config.cpp — SOAP configs: their SBP signatures, the candidate space, the reference strategies and JSON.
 #include <flexpar/core/error.hpp>
 #include <flexpar/search/config.hpp>
 

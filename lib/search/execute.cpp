@@ -1,4 +1,4 @@
-// Running a strategy through sbp::dynamic_tensor (header: flexpar/search/execute.hpp).
+// lib/search/execute.cpp — running a strategy through sbp::dynamic_tensor (header: flexpar/search/execute.hpp).
 #include <cblas.h>
 
 #include <flexpar/collective.hpp>

@@ -1,4 +1,4 @@
-// The op graph: builders, reference models and JSON (nlohmann-json stays inside libflexpar).
+// lib/search/graph.cpp — the op graph: builders, reference models and JSON (nlohmann-json stays inside libflexpar).
 #include <flexpar/core/error.hpp>
 #include <flexpar/search/graph.hpp>
 

@@ -1,4 +1,4 @@
-// Metropolis–Hastings over SOAP configs (header: flexpar/search/mcmc.hpp).
+// lib/search/mcmc.cpp — Metropolis–Hastings over SOAP configs (header: flexpar/search/mcmc.hpp).
 #include <flexpar/core/error.hpp>
 #include <flexpar/search/mcmc.hpp>
 

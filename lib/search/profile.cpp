@@ -1,4 +1,4 @@
-// Measured op times (header: flexpar/search/profile.hpp).
+// lib/search/profile.cpp — measured op times (header: flexpar/search/profile.hpp).
 #include <flexpar/collective.hpp>
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/sbp/local_math.hpp>

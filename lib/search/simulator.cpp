@@ -1,5 +1,5 @@
-// The execution simulator: task skeleton, task costs from the SBP layer and the collectives' cost
-// functions, FIFO-queue event simulation, and delta simulation (header: flexpar/search/simulator.hpp).
+// lib/search/simulator.cpp — the execution simulator: task skeleton, task costs from the SBP layer and the collectives'
+// cost functions, FIFO-queue event simulation, and delta simulation (header: flexpar/search/simulator.hpp).
 #include <flexpar/collective/allreduce_hierarchical.hpp>
 #include <flexpar/collective/allreduce_ring.hpp>
 #include <flexpar/core/error.hpp>

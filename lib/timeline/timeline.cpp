@@ -1,3 +1,6 @@
+// lib/timeline/timeline.cpp — the timeline (flexpar/timeline.hpp): Chrome-trace events per rank,
+// gathered to one rank and written as one JSON file.
+
 #include <flexpar/timeline.hpp>
 
 #include <nlohmann/json.hpp>

@@ -1,3 +1,6 @@
+// lib/transport/transport.cpp — the transport-independent parts of flexpar/transport/transport.hpp:
+// requests and their deadlines, peer and tag checks, the bootstrap allgather.
+
 #include <flexpar/transport/transport.hpp>
 
 #include <algorithm>

@@ -1,30 +1,27 @@
-/// @file
-/// @brief Actors with typed ports, placed on ranks, connected into a graph.
-///
-/// @code
-///   flexpar::actor_graph g;                                   // one rank (or actor_graph g(comm))
-///   auto& numbers = g.add_actor<flexpar::out<int, 2>>("numbers",
-///       [i = 0](int& x) mutable { if (i == 100) return flexpar::fire_result::done; x = i++; return
-///       flexpar::fire_result::emit; });
-///   auto& square = g.add_actor<flexpar::in<int>, flexpar::out<long, 2>>("square",
-///       [](const int& x, long& y) { y = long{x} * x; });
-///   long sum = 0;
-///   auto& total = g.add_actor<flexpar::in<long>>("sum", [&sum](const long& y) { sum += y; });
-///   g.connect(numbers.output<0>(), square.input<0>());
-///   g.connect(square.output<0>(), total.input<0>());
-///   flexpar::actor_executor pool(2);
-///   pool.run(g, flexpar::deadline_after(std::chrono::seconds(10)));
-/// @endcode
-///
-/// An actor is a callable and its ports, inputs first: `add_actor<in<A>, in<B>, out<C, N>>(label,
-/// body)` calls `body(const A&, const B&, C&)` each time it fires, with the oldest message of every
-/// input and a free register of every output. The body returns void (publish), or a fire_result.
-/// A body may keep state (a mutable lambda): an actor never fires concurrently with itself.
-///
-/// Placement: every rank builds the same graph, naming the rank of each actor (`add_actor(rank,
-/// ...)`); each rank runs only its own actors. An edge between ranks moves its messages with the
-/// pull protocol of remote_edge.hpp. Cross-rank edges are numbered in the order connect() is
-/// called, so every rank must call it in the same order.
+// flexpar/actor/actor_graph.hpp — actors with typed ports, placed on ranks, connected into a graph.
+//
+//   flexpar::actor_graph g;                                   // one rank (or actor_graph g(comm))
+//   auto& numbers = g.add_actor<flexpar::out<int, 2>>("numbers",
+//       [i = 0](int& x) mutable { if (i == 100) return flexpar::fire_result::done; x = i++; return
+//       flexpar::fire_result::emit; });
+//   auto& square = g.add_actor<flexpar::in<int>, flexpar::out<long, 2>>("square",
+//       [](const int& x, long& y) { y = long{x} * x; });
+//   long sum = 0;
+//   auto& total = g.add_actor<flexpar::in<long>>("sum", [&sum](const long& y) { sum += y; });
+//   g.connect(numbers.output<0>(), square.input<0>());
+//   g.connect(square.output<0>(), total.input<0>());
+//   flexpar::actor_executor pool(2);
+//   pool.run(g, flexpar::deadline_after(std::chrono::seconds(10)));
+//
+// An actor is a callable and its ports, inputs first: `add_actor<in<A>, in<B>, out<C, N>>(label,
+// body)` calls `body(const A&, const B&, C&)` each time it fires, with the oldest message of every
+// input and a free register of every output. The body returns void (publish), or a fire_result.
+// A body may keep state (a mutable lambda): an actor never fires concurrently with itself.
+//
+// Placement: every rank builds the same graph, naming the rank of each actor (`add_actor(rank,
+// ...)`); each rank runs only its own actors. An edge between ranks moves its messages with the
+// pull protocol of remote_edge.hpp. Cross-rank edges are numbered in the order connect() is
+// called, so every rank must call it in the same order.
 #pragma once
 
 #include <cstddef>

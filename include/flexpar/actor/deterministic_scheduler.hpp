@@ -1,11 +1,11 @@
-/// @file
-/// @brief A single-threaded scheduler that fires one actor at a time, chosen by the test.
-///
-/// For tests (the CAF deterministic fixture's idea): the caller sees which actors are ready, fires
-/// one (`step`), and can assert the register counts and mailboxes between any two firings. A seeded
-/// explorer (`run_random`) picks uniformly among the ready actors with the caller's RNG, so one seed
-/// is one reproducible interleaving, and a loop over seeds explores many. The same graph code runs
-/// under actor_executor; only the choice of the next firing differs.
+// flexpar/actor/deterministic_scheduler.hpp — a single-threaded scheduler that fires one actor at a time, chosen by the
+// test.
+//
+// For tests (the CAF deterministic fixture's idea): the caller sees which actors are ready, fires
+// one (`step`), and can assert the register counts and mailboxes between any two firings. A seeded
+// explorer (`run_random`) picks uniformly among the ready actors with the caller's RNG, so one seed
+// is one reproducible interleaving, and a loop over seeds explores many. The same graph code runs
+// under actor_executor; only the choice of the next firing differs.
 #pragma once
 
 #include <chrono>

@@ -1,10 +1,9 @@
-/// @file
-/// @brief A small pool of worker threads that runs actor graphs (no thread per actor).
-///
-/// The pool is an object the caller owns (no global pool). run() hands a graph to the workers,
-/// which fire ready actors until every actor of this rank has finished; the calling thread meanwhile
-/// drives the graph's cross-rank edges (so only the caller's thread touches the transport: MPI's
-/// THREAD_FUNNELED level is enough when run() is called from the main thread).
+// flexpar/actor/executor.hpp — a small pool of worker threads that runs actor graphs (no thread per actor).
+//
+// The pool is an object the caller owns (no global pool). run() hands a graph to the workers,
+// which fire ready actors until every actor of this rank has finished; the calling thread meanwhile
+// drives the graph's cross-rank edges (so only the caller's thread touches the transport: MPI's
+// THREAD_FUNNELED level is enough when run() is called from the main thread).
 #pragma once
 
 #include <condition_variable>

@@ -1,9 +1,9 @@
-/// @file
-/// @brief The type-erased state machine under every actor graph (registers, mailboxes, readiness).
-///
-/// Nothing here is typed: `actor_graph` (actor_graph.hpp) builds the typed actors and ports on top,
-/// and the executors (executor.hpp, deterministic_scheduler.hpp) drive a `graph_core`. Every member
-/// is used under `graph_core::mutex` except where a comment says otherwise.
+// flexpar/actor/graph_core.hpp — the type-erased state machine under every actor graph (registers, mailboxes,
+// readiness).
+//
+// Nothing here is typed: `actor_graph` (actor_graph.hpp) builds the typed actors and ports on top,
+// and the executors (executor.hpp, deterministic_scheduler.hpp) drive a `graph_core`. Every member
+// is used under `graph_core::mutex` except where a comment says otherwise.
 #pragma once
 
 #include <condition_variable>

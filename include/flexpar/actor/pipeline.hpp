@@ -1,23 +1,22 @@
-/// @file
-/// @brief Pipeline parallelism: stages on ranks, micro-batches, GPipe and 1F1B schedules.
-///
-/// A model is cut into p stages; stage s runs on rank `stage_ranks[s]`. A mini-batch is split into
-/// m micro-batches. Each stage is an actor with two firings per micro-batch: forward (input
-/// activation from stage s-1, output to stage s+1) and backward (gradient from stage s+1, gradient
-/// of its input to stage s-1). The stage keeps the activations of every micro-batch between its
-/// forward and its backward (the stash): the memory that the schedule bounds.
-///
-/// Schedules, as the order of one stage's firings (schedule_ops):
-///  - GPipe: F0 F1 ... F(m-1), then B0 ... B(m-1). Simple; every stage stashes all m micro-batches.
-///  - 1F1B: w = min(p - s - 1, m) warm-up forwards, then alternate one forward and one backward,
-///    then the remaining backwards. Stage s stashes at most min(p - s, m) micro-batches (<= p).
-/// Both schedules run the backwards of a stage in micro-batch order, so gradients accumulate in the
-/// same order as a serial loop over the micro-batches (the same floats, bit for bit).
-/// Both have the same bubble, (p - 1) / (m + p - 1) of the step for stages of equal cost.
-///
-/// Activations and gradients are std::vector<float>, sent as a size and a payload on a private split
-/// of the communicator's transport; sends are non-blocking (so that neighbours sending to each
-/// other cannot deadlock), every receive has the step's deadline.
+// flexpar/actor/pipeline.hpp — pipeline parallelism: stages on ranks, micro-batches, GPipe and 1F1B schedules.
+//
+// A model is cut into p stages; stage s runs on rank `stage_ranks[s]`. A mini-batch is split into
+// m micro-batches. Each stage is an actor with two firings per micro-batch: forward (input
+// activation from stage s-1, output to stage s+1) and backward (gradient from stage s+1, gradient
+// of its input to stage s-1). The stage keeps the activations of every micro-batch between its
+// forward and its backward (the stash): the memory that the schedule bounds.
+//
+// Schedules, as the order of one stage's firings (schedule_ops):
+//  - GPipe: F0 F1 ... F(m-1), then B0 ... B(m-1). Simple; every stage stashes all m micro-batches.
+//  - 1F1B: w = min(p - s - 1, m) warm-up forwards, then alternate one forward and one backward,
+//    then the remaining backwards. Stage s stashes at most min(p - s, m) micro-batches (<= p).
+// Both schedules run the backwards of a stage in micro-batch order, so gradients accumulate in the
+// same order as a serial loop over the micro-batches (the same floats, bit for bit).
+// Both have the same bubble, (p - 1) / (m + p - 1) of the step for stages of equal cost.
+//
+// Activations and gradients are std::vector<float>, sent as a size and a payload on a private split
+// of the communicator's transport; sends are non-blocking (so that neighbours sending to each
+// other cannot deadlock), every receive has the step's deadline.
 #pragma once
 
 #include <cstddef>

@@ -1,15 +1,14 @@
-/// @file
-/// @brief Registers, output ports with a register count, and input mailboxes.
-///
-/// The model (OneFlow's): an actor writes each result into one of its output's registers
-/// (`regst`). An output owns a fixed number of registers, its register count N (1 = no overlap,
-/// 2 = double buffering, ...). Publishing a register puts a pointer to it into the mailbox of every
-/// consumer; each consumer returns it when its firing is done (a reference count per register).
-/// A register is free again when every consumer has returned it. An actor fires only when every
-/// input mailbox holds a message and every output has a free register, so a fast producer stops
-/// after N messages ahead of its slowest consumer: back-pressure with no unbounded queue.
-///
-/// The port types carry the payload type, so `connect(out<float, 2>&, in<int>&)` does not compile.
+// flexpar/actor/regst.hpp — registers, output ports with a register count, and input mailboxes.
+//
+// The model (OneFlow's): an actor writes each result into one of its output's registers
+// (`regst`). An output owns a fixed number of registers, its register count N (1 = no overlap,
+// 2 = double buffering, ...). Publishing a register puts a pointer to it into the mailbox of every
+// consumer; each consumer returns it when its firing is done (a reference count per register).
+// A register is free again when every consumer has returned it. An actor fires only when every
+// input mailbox holds a message and every output has a free register, so a fast producer stops
+// after N messages ahead of its slowest consumer: back-pressure with no unbounded queue.
+//
+// The port types carry the payload type, so `connect(out<float, 2>&, in<int>&)` does not compile.
 #pragma once
 
 #include <array>

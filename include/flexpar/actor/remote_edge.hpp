@@ -1,31 +1,31 @@
-/// @file
-/// @brief The two ends of a cross-rank edge: the pull protocol that keeps register counts across ranks.
-///
-/// An edge `out<T, N>` on rank P -> `in<T>` on rank C becomes, on P, a `remote_sender<T>` consuming
-/// the output like any local consumer, and on C a `remote_receiver<T, N>` producing into the input
-/// with N registers of its own. Three tags per edge (channel c): control 3c, message 3c+1, payload 3c+2.
-///
-/// Protocol (all messages of one tag arrive in the order sent):
-///  1. C has a free register: it posts a receive for one message (header plus up to
-///     `edge_inline_bytes` of payload) and asks for it with a `pull`.
-///  2. P has a pull credit and a message in its mailbox: it sends the header, with the payload
-///     inline if it is small, or else the header alone followed by the payload on the payload tag,
-///     straight from the producer's register. The register stays held by P (not returned to the
-///     producer) either way.
-///  3. C receives the header (and the payload, inline or on the payload tag, into its register),
-///     publishes the register to its local consumers and acknowledges it (`ack`).
-///  4. P receives the ack and returns the producer's register: only now can the producer reuse it.
-///  Pulls and acks travel as counts in one control message per poll (`edge_control`).
-///  End: when P's producer has ended and its mailbox is empty, P answers every pull with an
-///  end-of-stream header; C, having seen it for all its pulls, ends its output and sends `close`;
-///  P finishes on `close`, C when `close` is sent. Nothing stays posted after the end.
-///  Abort: a rank whose graph stops early (an actor threw, or its deadline passed) tells the peer of
-///  each unfinished edge: C sets `abort` in a control message (P always has one posted), P sends an
-///  abort header (C receives it with its next pull). The peer throws peer_failure naming the rank and
-///  the edge, stops its graph and tells its own peers in turn.
-/// So the producer never has more than N messages unacknowledged, and C never more than N received
-/// and unconsumed: the register counts hold across ranks. Every wait is a poll from the executor's
-/// run() loop, under run()'s deadline.
+// flexpar/actor/remote_edge.hpp — the two ends of a cross-rank edge: the pull protocol that keeps register counts
+// across ranks.
+//
+// An edge `out<T, N>` on rank P -> `in<T>` on rank C becomes, on P, a `remote_sender<T>` consuming
+// the output like any local consumer, and on C a `remote_receiver<T, N>` producing into the input
+// with N registers of its own. Three tags per edge (channel c): control 3c, message 3c+1, payload 3c+2.
+//
+// Protocol (all messages of one tag arrive in the order sent):
+//  1. C has a free register: it posts a receive for one message (header plus up to
+//     `edge_inline_bytes` of payload) and asks for it with a `pull`.
+//  2. P has a pull credit and a message in its mailbox: it sends the header, with the payload
+//     inline if it is small, or else the header alone followed by the payload on the payload tag,
+//     straight from the producer's register. The register stays held by P (not returned to the
+//     producer) either way.
+//  3. C receives the header (and the payload, inline or on the payload tag, into its register),
+//     publishes the register to its local consumers and acknowledges it (`ack`).
+//  4. P receives the ack and returns the producer's register: only now can the producer reuse it.
+//  Pulls and acks travel as counts in one control message per poll (`edge_control`).
+//  End: when P's producer has ended and its mailbox is empty, P answers every pull with an
+//  end-of-stream header; C, having seen it for all its pulls, ends its output and sends `close`;
+//  P finishes on `close`, C when `close` is sent. Nothing stays posted after the end.
+//  Abort: a rank whose graph stops early (an actor threw, or its deadline passed) tells the peer of
+//  each unfinished edge: C sets `abort` in a control message (P always has one posted), P sends an
+//  abort header (C receives it with its next pull). The peer throws peer_failure naming the rank and
+//  the edge, stops its graph and tells its own peers in turn.
+// So the producer never has more than N messages unacknowledged, and C never more than N received
+// and unconsumed: the register counts hold across ranks. Every wait is a poll from the executor's
+// run() loop, under run()'s deadline.
 #pragma once
 
 #include <algorithm>

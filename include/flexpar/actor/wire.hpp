@@ -1,8 +1,7 @@
-/// @file
-/// @brief How a payload type crosses ranks: the bytes to send and where to receive them.
-///
-/// Specialize `flexpar::wire<T>` for a payload that is neither trivially copyable nor a
-/// `std::vector` of a trivially copyable type.
+// flexpar/actor/wire.hpp — how a payload type crosses ranks: the bytes to send and where to receive them.
+//
+// Specialize `flexpar::wire<T>` for a payload that is neither trivially copyable nor a
+// `std::vector` of a trivially copyable type.
 #pragma once
 
 #include <cstddef>

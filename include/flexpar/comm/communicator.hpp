@@ -1,15 +1,12 @@
-/// @file
-/// @brief A group of ranks, its node topology and its transport.
-///
-/// A communicator is an object the user owns and passes to collectives (no global state). Build one
-/// from an existing MPI communicator (flexpar never calls MPI_Init itself), or from an in-process
-/// world (threads as ranks, for tests).
-///
-/// @code
-///   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
-///   flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
-///   ... flexpar::allreduce(comm, data, flexpar::reduce_op::sum);
-/// @endcode
+// flexpar/comm/communicator.hpp — a group of ranks, its node topology and its transport.
+//
+// A communicator is an object the user owns and passes to collectives (no global state). Build one
+// from an existing MPI communicator (flexpar never calls MPI_Init itself), or from an in-process
+// world (threads as ranks, for tests).
+//
+//   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+//   flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
+//   ... flexpar::allreduce(comm, data, flexpar::reduce_op::sum);
 #pragma once
 
 #include <mpi.h>

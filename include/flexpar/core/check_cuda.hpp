@@ -1,6 +1,5 @@
-/// @file
-/// @brief FLEXPAR_CHECK_CUDA(rank, call) and FLEXPAR_CHECK_NCCL(rank, call).
-/// Only for builds with FLEXPAR_WITH_CUDA (they include the CUDA runtime and NCCL headers).
+// flexpar/core/check_cuda.hpp — FLEXPAR_CHECK_CUDA(rank, call) and FLEXPAR_CHECK_NCCL(rank, call).
+// Only for builds with FLEXPAR_WITH_CUDA (they include the CUDA runtime and NCCL headers).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,8 +1,7 @@
-/// @file
-/// @brief FLEXPAR_CHECK_MPI(call): a failed MPI call becomes a transport_error.
-///
-/// The communicator the call ran on must have MPI_ERRORS_RETURN set (flexpar sets it on the
-/// communicators it duplicates), otherwise MPI aborts before the code is returned.
+// flexpar/core/check_mpi.hpp — FLEXPAR_CHECK_MPI(call): a failed MPI call becomes a transport_error.
+//
+// The communicator the call ran on must have MPI_ERRORS_RETURN set (flexpar sets it on the
+// communicators it duplicates), otherwise MPI aborts before the code is returned.
 #pragma once
 
 #include <mpi.h>

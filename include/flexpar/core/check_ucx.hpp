@@ -1,5 +1,4 @@
-/// @file
-/// @brief FLEXPAR_CHECK_UCX(rank, call): a failed UCX call becomes a transport_error.
+// flexpar/core/check_ucx.hpp — FLEXPAR_CHECK_UCX(rank, call): a failed UCX call becomes a transport_error.
 #pragma once
 
 #include <ucs/type/status.h>

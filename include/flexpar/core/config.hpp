@@ -1,10 +1,9 @@
-/// @file
-/// @brief Run-time settings, from FLEXPAR_* environment variables or from code.
-///
-/// A `config` is a plain value: build it with `config::from_environment()` (or default-construct it),
-/// change any field in code, and pass it to the objects that use it. Nothing reads the environment
-/// behind your back. The table of variables is in doc/configuration.md; each field below names its
-/// variable.
+// flexpar/core/config.hpp — run-time settings, from FLEXPAR_* environment variables or from code.
+//
+// A `config` is a plain value: build it with `config::from_environment()` (or default-construct it),
+// change any field in code, and pass it to the objects that use it. Nothing reads the environment
+// behind your back. The table of variables is in doc/configuration.md; each field below names its
+// variable.
 #pragma once
 
 #include <chrono>

@@ -1,19 +1,18 @@
-/// @file
-/// @brief Element types flexpar moves and reduces.
-///
-/// | dtype | C++ type            | bytes | accumulates in |
-/// |-------|---------------------|-------|----------------|
-/// | f32   | float               | 4     | float          |
-/// | f64   | double              | 8     | double         |
-/// | f16   | flexpar::half       | 2     | float          |
-/// | bf16  | flexpar::bfloat16   | 2     | float          |
-/// | i8    | std::int8_t         | 1     | itself         |
-/// | u8    | std::uint8_t        | 1     | itself         |
-/// | i32   | std::int32_t        | 4     | itself         |
-/// | i64   | std::int64_t        | 8     | itself         |
-///
-/// half and bfloat16 are storage types: 16 bits with conversions to and from float that round to
-/// nearest even, so reductions in them go through float (as NCCL and Horovod do).
+// flexpar/core/dtype.hpp — element types flexpar moves and reduces.
+//
+// | dtype | C++ type            | bytes | accumulates in |
+// |-------|---------------------|-------|----------------|
+// | f32   | float               | 4     | float          |
+// | f64   | double              | 8     | double         |
+// | f16   | flexpar::half       | 2     | float          |
+// | bf16  | flexpar::bfloat16   | 2     | float          |
+// | i8    | std::int8_t         | 1     | itself         |
+// | u8    | std::uint8_t        | 1     | itself         |
+// | i32   | std::int32_t        | 4     | itself         |
+// | i64   | std::int64_t        | 8     | itself         |
+//
+// half and bfloat16 are storage types: 16 bits with conversions to and from float that round to
+// nearest even, so reductions in them go through float (as NCCL and Horovod do).
 #pragma once
 
 #include <bit>

@@ -1,19 +1,16 @@
-/// @file
-/// @brief The exception hierarchy every layer throws.
-///
-/// One base (`flexpar::error`) and a few kinds that callers can act on differently:
-///
-/// @verbatim
-///   error
-///   ├── usage_error      the caller broke a documented precondition (bad rank, bad tag, ...)
-///   ├── mismatch_error   ranks disagree about a collective (count, dtype, op, root, ...)
-///   ├── timeout_error    a blocking wait reached its deadline
-///   ├── peer_failure     a remote rank died or reported an error
-///   └── transport_error  a C communication API (MPI, UCX, NCCL, CUDA) returned a failure
-/// @endverbatim
-///
-/// Messages carry their context in the text (rank, operation, tensor, file:line) because that text
-/// is what reaches a log from a job of 512 ranks; the structured fields are there for code.
+// flexpar/core/error.hpp — the exception hierarchy every layer throws.
+//
+// One base (`flexpar::error`) and a few kinds that callers can act on differently:
+//
+//   error
+//   ├── usage_error      the caller broke a documented precondition (bad rank, bad tag, ...)
+//   ├── mismatch_error   ranks disagree about a collective (count, dtype, op, root, ...)
+//   ├── timeout_error    a blocking wait reached its deadline
+//   ├── peer_failure     a remote rank died or reported an error
+//   └── transport_error  a C communication API (MPI, UCX, NCCL, CUDA) returned a failure
+//
+// Messages carry their context in the text (rank, operation, tensor, file:line) because that text
+// is what reaches a log from a job of 512 ranks; the structured fields are there for code.
 #pragma once
 
 #include <source_location>

@@ -1,12 +1,11 @@
-/// @file
-/// @brief Where a buffer lives: the memory kinds (host, cuda) as values and as tag types.
-///
-/// Every buffer flexpar touches lives in one memory kind. The host API (flexpar/collective.hpp, the
-/// SBP layer's `global_tensor<T, Sbp, memory::host>`) takes host memory; the GPU path
-/// (flexpar/cuda/*.hpp, built with FLEXPAR_WITH_CUDA) takes `cuda::device_span<T>`, whose type says
-/// the pointer is device memory, and never hands such a pointer to a transport that cannot read it
-/// (doc/gpu.md). This header needs no CUDA: the kinds exist in every build, so code can name them
-/// and a CPU-only build can say clearly that it has no device memory.
+// flexpar/core/memory.hpp — where a buffer lives: the memory kinds (host, cuda) as values and as tag types.
+//
+// Every buffer flexpar touches lives in one memory kind. The host API (flexpar/collective.hpp, the
+// SBP layer's `global_tensor<T, Sbp, memory::host>`) takes host memory; the GPU path
+// (flexpar/cuda/*.hpp, built with FLEXPAR_WITH_CUDA) takes `cuda::device_span<T>`, whose type says
+// the pointer is device memory, and never hands such a pointer to a transport that cannot read it
+// (doc/gpu.md). This header needs no CUDA: the kinds exist in every build, so code can name them
+// and a CPU-only build can say clearly that it has no device memory.
 #pragma once
 
 #include <concepts>

@@ -1,15 +1,14 @@
-/// @file
-/// @brief Reduction operators.
-///
-/// | op   | combine(a, b) | identity          | note                                      |
-/// |------|---------------|-------------------|-------------------------------------------|
-/// | sum  | a + b         | 0                 |                                           |
-/// | prod | a * b         | 1                 |                                           |
-/// | min  | min(a, b)     | +max of the type  |                                           |
-/// | max  | max(a, b)     | lowest of the type|                                           |
-/// | avg  | a + b         | 0                 | summed, then scaled by 1/p once at the end|
-///
-/// Reductions of half/bfloat16 are computed in float (accumulate_t), as NCCL does.
+// flexpar/core/reduce_op.hpp — reduction operators.
+//
+// | op   | combine(a, b) | identity          | note                                      |
+// |------|---------------|-------------------|-------------------------------------------|
+// | sum  | a + b         | 0                 |                                           |
+// | prod | a * b         | 1                 |                                           |
+// | min  | min(a, b)     | +max of the type  |                                           |
+// | max  | max(a, b)     | lowest of the type|                                           |
+// | avg  | a + b         | 0                 | summed, then scaled by 1/p once at the end|
+//
+// Reductions of half/bfloat16 are computed in float (accumulate_t), as NCCL does.
 #pragma once
 
 #include <algorithm>

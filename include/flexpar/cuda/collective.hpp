@@ -1,30 +1,29 @@
-/// @file
-/// @brief Collectives on device memory: NCCL where it is built and cheapest, otherwise staged through
-/// pinned host memory and flexpar's host collectives — never a device pointer handed to a transport
-/// that cannot read it.
-///
-/// Part of flexpar::cuda.
-///
-///   flexpar::cuda::device_communicator gpu(host, device);
-///   gpu.allreduce(grad.span(), flexpar::reduce_op::avg, user_stream);   // NCCL or staged, by cost
-///   gpu.synchronize(user_stream, "gradients");
-///
-/// | path                  | what runs                                                        | cost (one rank's
-/// critical path)                    |
-/// |-----------------------|------------------------------------------------------------------|----------------------------------------------------|
-/// | `device_path::nccl`   | ncclAllReduce / AllGather / ReduceScatter / Broadcast            | the ring cost on the
-/// device link (`device_link`)   | | `device_path::ring`   | flexpar's ring (reduce-scatter + allgather, allreduce
-/// only):     | the ring cost on the device link + 2(p-1) steps of | |                       | ncclSend/ncclRecv in
-/// groups + cuda::reduce_into per step         | `kernel_alpha` + the reduction at `device_gamma`   | |
-/// `device_path::staged` | D2H into pinned memory in chunks, the host collective on each    | 2 x bytes over PCIe
-/// (`pcie_beta`) + the host       | |                       | chunk while the next chunk copies, H2D back |
-/// collective's own cost (collective/automatic.hpp)   |
-///
-/// `device_path::automatic` takes the cheapest by those costs (nccl and ring only when NCCL is built and
-/// the communicator was made with it; NCCL's own ring fuses the reduction into its copy kernel, so the
-/// costs pick it over flexpar's ring, which is the script flexpar's compressed device paths build on). The staged path
-/// works over every transport (MPI, UCX, in-process): the host algorithms reduce on the CPU, so they get host copies
-/// even when MPI is CUDA-aware (transport_reads_device_memory() says whether it is; this MPICH build is not).
+// flexpar/cuda/collective.hpp — collectives on device memory: NCCL where it is built and cheapest, otherwise staged
+// through pinned host memory and flexpar's host collectives — never a device pointer handed to a transport that cannot
+// read it.
+//
+// Part of flexpar::cuda.
+//
+//   flexpar::cuda::device_communicator gpu(host, device);
+//   gpu.allreduce(grad.span(), flexpar::reduce_op::avg, user_stream);   // NCCL or staged, by cost
+//   gpu.synchronize(user_stream, "gradients");
+//
+// | path                  | what runs                                                        | cost (one rank's
+// critical path)                    |
+// |-----------------------|------------------------------------------------------------------|----------------------------------------------------|
+// | `device_path::nccl`   | ncclAllReduce / AllGather / ReduceScatter / Broadcast            | the ring cost on the
+// device link (`device_link`)   | | `device_path::ring`   | flexpar's ring (reduce-scatter + allgather, allreduce
+// only):     | the ring cost on the device link + 2(p-1) steps of | |                       | ncclSend/ncclRecv in
+// groups + cuda::reduce_into per step         | `kernel_alpha` + the reduction at `device_gamma`   | |
+// `device_path::staged` | D2H into pinned memory in chunks, the host collective on each    | 2 x bytes over PCIe
+// (`pcie_beta`) + the host       | |                       | chunk while the next chunk copies, H2D back |
+// collective's own cost (collective/automatic.hpp)   |
+//
+// `device_path::automatic` takes the cheapest by those costs (nccl and ring only when NCCL is built and
+// the communicator was made with it; NCCL's own ring fuses the reduction into its copy kernel, so the
+// costs pick it over flexpar's ring, which is the script flexpar's compressed device paths build on). The staged path
+// works over every transport (MPI, UCX, in-process): the host algorithms reduce on the CPU, so they get host copies
+// even when MPI is CUDA-aware (transport_reads_device_memory() says whether it is; this MPICH build is not).
 #pragma once
 
 #include <chrono>

@@ -1,22 +1,21 @@
-/// @file
-/// @brief The per-element and per-chunk arithmetic of flexpar's CUDA kernels, written once for the
-/// host and the device.
-///
-/// Every function here is `FLEXPAR_HD` (`__host__ __device__` under nvcc, nothing under a host
-/// compiler), takes and returns plain values, and needs no CUDA header, so the CPU test
-/// (tests/compress/test_kernel_math.cpp) checks, in every build, the very code the kernels run:
-///
-/// | function                        | used by                  | checked against (CPU)              |
-/// |---------------------------------|--------------------------|------------------------------------|
-/// | `split_for_vectors`             | reduce, fusion copy      | exhaustive alignments              |
-/// | `minmax_scale`, `minmax_code`, `minmax_value` | min-max encode/decode | compress::minmax_uint8, bit for bit |
-/// | `onebit_feedback`, `onebit_value` | 1-bit encode/decode    | compress::onebit                   |
-/// | `find_copy_piece`               | fusion pack/unpack       | a linear search                    |
-///
-/// Float arithmetic goes through `mul_rn`/`add_rn`/`sub_rn`/`div_rn`: on the device these are the
-/// round-to-nearest intrinsics, which nvcc never contracts into a fused multiply-add, so a code
-/// computed on the GPU is bit-identical to the host encoder's (flexpar builds host code without
-/// -mfma, so the host compiler does not contract either).
+// flexpar/cuda/kernel_math.hpp — the per-element and per-chunk arithmetic of flexpar's CUDA kernels, written once for
+// the host and the device.
+//
+// Every function here is `FLEXPAR_HD` (`__host__ __device__` under nvcc, nothing under a host
+// compiler), takes and returns plain values, and needs no CUDA header, so the CPU test
+// (tests/compress/test_kernel_math.cpp) checks, in every build, the very code the kernels run:
+//
+// | function                        | used by                  | checked against (CPU)              |
+// |---------------------------------|--------------------------|------------------------------------|
+// | `split_for_vectors`             | reduce, fusion copy      | exhaustive alignments              |
+// | `minmax_scale`, `minmax_code`, `minmax_value` | min-max encode/decode | compress::minmax_uint8, bit for bit |
+// | `onebit_feedback`, `onebit_value` | 1-bit encode/decode    | compress::onebit                   |
+// | `find_copy_piece`               | fusion pack/unpack       | a linear search                    |
+//
+// Float arithmetic goes through `mul_rn`/`add_rn`/`sub_rn`/`div_rn`: on the device these are the
+// round-to-nearest intrinsics, which nvcc never contracts into a fused multiply-add, so a code
+// computed on the GPU is bit-identical to the host encoder's (flexpar builds host code without
+// -mfma, so the host compiler does not contract either).
 #pragma once
 
 #include <cstddef>

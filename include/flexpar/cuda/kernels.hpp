@@ -1,25 +1,24 @@
-/// @file
-/// @brief flexpar's CUDA kernels: element-wise reduction, min-max uint8 and 1-bit compression, and
-/// the batched copy that packs many tensors into a fusion buffer in one launch.
-///
-/// Part of flexpar::cuda (built with FLEXPAR_WITH_CUDA). Every function here only enqueues work on
-/// the given stream and returns (the checked encoders also wait, with a deadline); the spans are
-/// device memory of the current device.
-///
-/// | kernel                           | host twin (same results)                  |
-/// |----------------------------------|-------------------------------------------|
-/// | cuda::reduce_into, scale_for_average | flexpar::reduce_into, scale_for_average (bit for bit) |
-/// | cuda::minmax_uint8               | compress::minmax_uint8 (same bytes)       |
-/// | cuda::onebit                     | compress::onebit (same format; the scale is summed in another order) |
-/// | cuda::fusion_packer              | a memcpy per tensor                       |
-///
-/// The compressed formats are the host's, byte for byte, so a GPU rank and a CPU rank exchange
-/// compressed gradients directly. The arithmetic they share is flexpar/cuda/kernel_math.hpp.
-///
-///   flexpar::cuda::stream s;
-///   flexpar::cuda::reduce_into(acc.span(), incoming, flexpar::reduce_op::sum, s);
-///   flexpar::cuda::minmax_uint8 q;                     // chunks of 512, a device status word
-///   q.encode_checked(acc.span(), wire.span(), s, 60s); // usage_error naming a non-finite element
+// flexpar/cuda/kernels.hpp — flexpar's CUDA kernels: element-wise reduction, min-max uint8 and 1-bit compression, and
+// the batched copy that packs many tensors into a fusion buffer in one launch.
+//
+// Part of flexpar::cuda (built with FLEXPAR_WITH_CUDA). Every function here only enqueues work on
+// the given stream and returns (the checked encoders also wait, with a deadline); the spans are
+// device memory of the current device.
+//
+// | kernel                           | host twin (same results)                  |
+// |----------------------------------|-------------------------------------------|
+// | cuda::reduce_into, scale_for_average | flexpar::reduce_into, scale_for_average (bit for bit) |
+// | cuda::minmax_uint8               | compress::minmax_uint8 (same bytes)       |
+// | cuda::onebit                     | compress::onebit (same format; the scale is summed in another order) |
+// | cuda::fusion_packer              | a memcpy per tensor                       |
+//
+// The compressed formats are the host's, byte for byte, so a GPU rank and a CPU rank exchange
+// compressed gradients directly. The arithmetic they share is flexpar/cuda/kernel_math.hpp.
+//
+//   flexpar::cuda::stream s;
+//   flexpar::cuda::reduce_into(acc.span(), incoming, flexpar::reduce_op::sum, s);
+//   flexpar::cuda::minmax_uint8 q;                     // chunks of 512, a device status word
+//   q.encode_checked(acc.span(), wire.span(), s, 60s); // usage_error naming a non-finite element
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,29 +1,28 @@
-/// @file
-/// @brief An NCCL communicator that cannot hang: bootstrapped over any flexpar communicator,
-/// non-blocking, watched by a thread that turns a dead peer or a stalled operation into an error.
-///
-/// Part of flexpar::cuda, built with NCCL (FLEXPAR_HAVE_NCCL). nccl.h stays out of this header.
-///
-///   flexpar::communicator host = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
-///   flexpar::cuda::nccl_communicator nccl(host, /*device=*/host.topology().local_rank());
-///   nccl.allreduce(grad.span(), flexpar::reduce_op::sum, user_stream);   // ordered after user_stream
-///   nccl.synchronize(user_stream, "step 7 gradients");   // watchdog: timeout/peer errors throw
-///
-/// **Bootstrap.** Rank 0 makes the ncclUniqueId; it travels by flexpar::broadcast over the host
-/// communicator (MPI, UCX or the in-process transport), then every rank calls ncclCommInitRankConfig
-/// with `blocking = 0` and polls ncclCommGetAsyncError until the communicator is ready, with the host
-/// communicator's deadline: a rank that never joins is a timeout_error, not a hang.
-///
-/// **Streams.** Each operation records an event on the caller's stream, makes flexpar's own stream wait
-/// for it, runs there, and makes the caller's stream wait for its end: the caller's earlier kernels
-/// (that produced the gradient) come first and its later kernels (the optimizer) come after, with no
-/// host synchronization.
-///
-/// **Watchdog.** A thread owned by this object polls ncclCommGetAsyncError and the end event of every
-/// operation in flight. An asynchronous NCCL error (a peer died, a network failure), or an operation
-/// still unfinished `timeout` after it was issued, aborts the communicator (ncclCommAbort: the
-/// kernels stop, nothing hangs) and is kept as the communicator's error: synchronize() and every later
-/// call throw it, naming the rank, the operation and its tensor size.
+// flexpar/cuda/nccl.hpp — an NCCL communicator that cannot hang: bootstrapped over any flexpar communicator,
+// non-blocking, watched by a thread that turns a dead peer or a stalled operation into an error.
+//
+// Part of flexpar::cuda, built with NCCL (FLEXPAR_HAVE_NCCL). nccl.h stays out of this header.
+//
+//   flexpar::communicator host = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
+//   flexpar::cuda::nccl_communicator nccl(host, /*device=*/host.topology().local_rank());
+//   nccl.allreduce(grad.span(), flexpar::reduce_op::sum, user_stream);   // ordered after user_stream
+//   nccl.synchronize(user_stream, "step 7 gradients");   // watchdog: timeout/peer errors throw
+//
+// **Bootstrap.** Rank 0 makes the ncclUniqueId; it travels by flexpar::broadcast over the host
+// communicator (MPI, UCX or the in-process transport), then every rank calls ncclCommInitRankConfig
+// with `blocking = 0` and polls ncclCommGetAsyncError until the communicator is ready, with the host
+// communicator's deadline: a rank that never joins is a timeout_error, not a hang.
+//
+// **Streams.** Each operation records an event on the caller's stream, makes flexpar's own stream wait
+// for it, runs there, and makes the caller's stream wait for its end: the caller's earlier kernels
+// (that produced the gradient) come first and its later kernels (the optimizer) come after, with no
+// host synchronization.
+//
+// **Watchdog.** A thread owned by this object polls ncclCommGetAsyncError and the end event of every
+// operation in flight. An asynchronous NCCL error (a peer died, a network failure), or an operation
+// still unfinished `timeout` after it was issued, aborts the communicator (ncclCommAbort: the
+// kernels stop, nothing hangs) and is kept as the communicator's error: synchronize() and every later
+// call throw it, naming the rank, the operation and its tensor size.
 #pragma once
 
 #include <chrono>

@@ -1,17 +1,16 @@
-/// @file
-/// @brief The CUDA runtime as flexpar uses it: device spans that say "this is device memory" in their
-/// type, owning device and pinned buffers, streams and events, copies between the kinds, and a
-/// deadline on every wait.
-///
-/// Part of flexpar::cuda (built with FLEXPAR_WITH_CUDA); includes the CUDA runtime header.
-///
-///   flexpar::cuda::device_buffer<float> grad(n);                 // cudaMalloc, freed by the destructor
-///   flexpar::cuda::stream s;                                      // a non-blocking stream
-///   flexpar::cuda::copy_async(grad.span(), std::span(host), s);   // host -> device, sizes checked
-///   flexpar::cuda::synchronize(s, std::chrono::seconds(60), "upload");  // timeout_error past 60 s
-///
-/// A device pointer never travels in a std::span: device_span<T> has no operator[] and no iterator,
-/// so host code cannot read it by accident, and the host collectives (std::span) do not accept it.
+// flexpar/cuda/runtime.hpp — the CUDA runtime as flexpar uses it: device spans that say "this is device memory" in
+// their type, owning device and pinned buffers, streams and events, copies between the kinds, and a deadline on every
+// wait.
+//
+// Part of flexpar::cuda (built with FLEXPAR_WITH_CUDA); includes the CUDA runtime header.
+//
+//   flexpar::cuda::device_buffer<float> grad(n);                 // cudaMalloc, freed by the destructor
+//   flexpar::cuda::stream s;                                      // a non-blocking stream
+//   flexpar::cuda::copy_async(grad.span(), std::span(host), s);   // host -> device, sizes checked
+//   flexpar::cuda::synchronize(s, std::chrono::seconds(60), "upload");  // timeout_error past 60 s
+//
+// A device pointer never travels in a std::span: device_span<T> has no operator[] and no iterator,
+// so host code cannot read it by accident, and the host collectives (std::span) do not accept it.
 #pragma once
 
 #include <cuda_runtime_api.h>

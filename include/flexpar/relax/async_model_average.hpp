@@ -1,33 +1,31 @@
-/// @file
-/// @brief async_model_average: a background thread averages the weights of every rank every
-/// `period_ms`, while the training thread keeps stepping on its own (BAGUA's asynchronous model
-/// average).
-///
-/// Threads and communicators: start() splits the communicator (collective) into a private one that
-/// only the background thread uses (a communicator serves one thread at a time), so the training
-/// thread may keep using `comm` for its own collectives. Over MPI this needs MPI_THREAD_MULTIPLE
-/// (checked at construction: usage_error otherwise). The weights are guarded by one mutex that
-/// step() holds while it applies the optimizer and the thread holds while it reads or writes them.
-///
-/// One round of the background thread, M = model bytes (f32), p ranks:
-///   step 1: wait `period_ms` (or a request: abort, finish)
-///   step 2: allreduce(max) of this rank's {pause wanted, stop wanted}        16 bytes, so that every
-///           rank's thread takes the same decision in the same round
-///   step 3: under the lock, copy the weights into a snapshot s                local
-///   step 4: a = allreduce(avg) of s (without the lock: training goes on)     2 (p - 1) / p * M sent
-///   step 5: under the lock, x += a - s (the local steps taken during step 4 are kept)
-/// Bytes on the wire per rank: 2 (p - 1) / p * M per round, i.e. per second 1000 / period_ms rounds
-/// (fewer when the allreduce takes longer than the period), independent of the step rate.
-///
-/// abort() and resume() are collective (every rank calls them, in the same order): abort() returns
-/// once this rank's thread has paused (all threads pause in the same round); resume() lets them go on.
-/// finish() (collective) stops the thread in a common round, then averages once more synchronously,
-/// so every rank ends with the same weights: the average of the weights at that moment. The
-/// destructor without finish() stops the thread locally (a rank that leaves early): the other ranks'
-/// rounds then end with timeout_error at their deadline, which their next step()/finish() rethrows.
-/// Results depend on timing: the tests check the rules (identical average after finish, pause,
-/// deadlines), not a serial trajectory. Use it when ranks run at different speeds or the network is
-/// slow and bursty: no rank ever waits for another in step().
+// flexpar/relax/async_model_average.hpp — async_model_average: a background thread averages the weights of every rank
+// every `period_ms`, while the training thread keeps stepping on its own (BAGUA's asynchronous model average).
+//
+// Threads and communicators: start() splits the communicator (collective) into a private one that
+// only the background thread uses (a communicator serves one thread at a time), so the training
+// thread may keep using `comm` for its own collectives. Over MPI this needs MPI_THREAD_MULTIPLE
+// (checked at construction: usage_error otherwise). The weights are guarded by one mutex that
+// step() holds while it applies the optimizer and the thread holds while it reads or writes them.
+//
+// One round of the background thread, M = model bytes (f32), p ranks:
+//   step 1: wait `period_ms` (or a request: abort, finish)
+//   step 2: allreduce(max) of this rank's {pause wanted, stop wanted}        16 bytes, so that every
+//           rank's thread takes the same decision in the same round
+//   step 3: under the lock, copy the weights into a snapshot s                local
+//   step 4: a = allreduce(avg) of s (without the lock: training goes on)     2 (p - 1) / p * M sent
+//   step 5: under the lock, x += a - s (the local steps taken during step 4 are kept)
+// Bytes on the wire per rank: 2 (p - 1) / p * M per round, i.e. per second 1000 / period_ms rounds
+// (fewer when the allreduce takes longer than the period), independent of the step rate.
+//
+// abort() and resume() are collective (every rank calls them, in the same order): abort() returns
+// once this rank's thread has paused (all threads pause in the same round); resume() lets them go on.
+// finish() (collective) stops the thread in a common round, then averages once more synchronously,
+// so every rank ends with the same weights: the average of the weights at that moment. The
+// destructor without finish() stops the thread locally (a rank that leaves early): the other ranks'
+// rounds then end with timeout_error at their deadline, which their next step()/finish() rethrows.
+// Results depend on timing: the tests check the rules (identical average after finish, pause,
+// deadlines), not a serial trajectory. Use it when ranks run at different speeds or the network is
+// slow and bursty: no rank ever waits for another in step().
 #pragma once
 
 #include <mpi.h>
@@ -46,8 +44,8 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/flat_model.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
 

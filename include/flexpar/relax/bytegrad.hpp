@@ -1,19 +1,18 @@
-/// @file
-/// @brief bytegrad: gradients averaged through min-max uint8 compression (BAGUA's ByteGrad).
-///
-/// Pattern of one step (compressed_average.hpp has the steps), M = model bytes (f32), p ranks, chunk
-/// = elements per min-max chunk (each chunk carries 8 bytes of min and max):
-///   step 0: fuse the gradients into one flat buffer
-///   step 1: split it into p partitions; min-max uint8 encode partition j for rank j
-///   step 2: alltoall                                                   ~ (p - 1) / p * M / 4 sent
-///   step 3: decode the p versions of my partition, average (rank order, then / p)
-///   step 4: re-encode my averaged partition
-///   step 5: allgather                                                  ~ (p - 1) / p * M / 4 sent
-///   step 6: decode all partitions; copy into the gradients; opt.apply each parameter
-/// Bytes on the wire per step per rank: 2 (p - 1) / p * (M / 4 + 8 * ceil(M / (4 chunk))), about
-/// 4x less than gradient_allreduce. Every rank decodes the same bytes, so weights stay identical on
-/// every rank. The averaged gradient has two quantization errors, each at most (max - min) / 510 of
-/// its chunk (minmax_uint8.hpp). Use it when bandwidth, not latency, bounds the step.
+// flexpar/relax/bytegrad.hpp — bytegrad: gradients averaged through min-max uint8 compression (BAGUA's ByteGrad).
+//
+// Pattern of one step (compressed_average.hpp has the steps), M = model bytes (f32), p ranks, chunk
+// = elements per min-max chunk (each chunk carries 8 bytes of min and max):
+//   step 0: fuse the gradients into one flat buffer
+//   step 1: split it into p partitions; min-max uint8 encode partition j for rank j
+//   step 2: alltoall                                                   ~ (p - 1) / p * M / 4 sent
+//   step 3: decode the p versions of my partition, average (rank order, then / p)
+//   step 4: re-encode my averaged partition
+//   step 5: allgather                                                  ~ (p - 1) / p * M / 4 sent
+//   step 6: decode all partitions; copy into the gradients; opt.apply each parameter
+// Bytes on the wire per step per rank: 2 (p - 1) / p * (M / 4 + 8 * ceil(M / (4 chunk))), about
+// 4x less than gradient_allreduce. Every rank decodes the same bytes, so weights stay identical on
+// every rank. The averaged gradient has two quantization errors, each at most (max - min) / 510 of
+// its chunk (minmax_uint8.hpp). Use it when bandwidth, not latency, bounds the step.
 #pragma once
 
 #include <cstddef>
@@ -23,9 +22,9 @@
 #include <vector>
 
 #include <flexpar/compress/minmax_uint8.hpp>
-#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/compressed_average.hpp>
 #include <flexpar/relax/flat_model.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
 

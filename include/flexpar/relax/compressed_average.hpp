@@ -1,21 +1,20 @@
-/// @file
-/// @brief The centralized compressed average that bytegrad, onebit_adam and qadam share (BAGUA's
-/// scatter-reduce with compression; DeepSpeed's compressed_allreduce).
-///
-/// n floats on p ranks; partition j = block j of block_layout::even(n, p) (sizes differ by at most one);
-/// E(k) = encoded bytes of k floats, B = max_j E(count_j):
-///   step 1: encode partition j of my data for rank j (codec.encode(j, ...))   local
-///   step 2: alltoall of the p encoded partitions, each padded to B bytes       (p - 1) B sent
-///   step 3: decode the p versions of my partition; sum them in rank order; divide by p   local
-///   step 4: encode my reduced partition (codec.encode_reduced)                local
-///   step 5: ring allgather_v of the reduced partitions, E(count_j) bytes each  sum_j E(count_j) - E(count_{r+1}) sent
-///   step 6: decode every partition into the data
-/// Bytes on the wire per rank: about 2 (p - 1) / p * E(n), i.e. for min-max uint8 about
-/// 2 (p - 1) / p * M / 4 and for 1-bit about 2 (p - 1) / p * M / 32 (M = model bytes in f32).
-/// Every rank decodes the same bytes in step 6, so every rank ends with bitwise identical data. The
-/// rank's own partition also goes through encode/decode in step 3, so the result depends on neither
-/// the rank that reduces nor the world size other than through the rule above (the serial reference
-/// in tests/relax applies the same rule).
+// flexpar/relax/compressed_average.hpp — the centralized compressed average that bytegrad, onebit_adam and qadam share
+// (BAGUA's scatter-reduce with compression; DeepSpeed's compressed_allreduce).
+//
+// n floats on p ranks; partition j = block j of block_layout::even(n, p) (sizes differ by at most one);
+// E(k) = encoded bytes of k floats, B = max_j E(count_j):
+//   step 1: encode partition j of my data for rank j (codec.encode(j, ...))   local
+//   step 2: alltoall of the p encoded partitions, each padded to B bytes       (p - 1) B sent
+//   step 3: decode the p versions of my partition; sum them in rank order; divide by p   local
+//   step 4: encode my reduced partition (codec.encode_reduced)                local
+//   step 5: ring allgather_v of the reduced partitions, E(count_j) bytes each  sum_j E(count_j) - E(count_{r+1}) sent
+//   step 6: decode every partition into the data
+// Bytes on the wire per rank: about 2 (p - 1) / p * E(n), i.e. for min-max uint8 about
+// 2 (p - 1) / p * M / 4 and for 1-bit about 2 (p - 1) / p * M / 32 (M = model bytes in f32).
+// Every rank decodes the same bytes in step 6, so every rank ends with bitwise identical data. The
+// rank's own partition also goes through encode/decode in step 3, so the result depends on neither
+// the rank that reduces nor the world size other than through the rule above (the serial reference
+// in tests/relax applies the same rule).
 #pragma once
 
 #include <algorithm>

@@ -1,26 +1,25 @@
-/// @file
-/// @brief decentralized: local steps, then average the WEIGHTS with a few peers (BAGUA's decentralized
-/// SGD, D-PSGD).
-///
-/// Step s (counted from 0), k = communication interval, M = model bytes (f32), p ranks:
-///   step 1: opt.apply every parameter with its local gradient                    local
-///   step 2: if (s + 1) % k == 0, communication round t = (s + 1) / k - 1 with the peers:
-///     peers = all:       x = allreduce(avg) of x                                  2 (p - 1) / p * M sent
-///     peers = shift_one: x = (x + x_peer) / 2, peer = shift_one_peer(rank, p, t)  M sent (0 when sitting out)
-///     peers = ring:      x = ((x + x_left) + x_right) / 3 with left = rank - 1, right = rank + 1
-///                        (mod p); for p = 2 the one neighbour: x = (x + x_other) / 2  2 M sent (p >= 3), M (p = 2)
-///
-/// shift_one is the circle method of round-robin tournaments: in round t the ranks form disjoint
-/// pairs, symmetric by construction (my peer's peer is me), and every pair meets once in p - 1
-/// rounds (p even) or p rounds (p odd). For an even p: with m = p - 1, rank m meets rank t mod m,
-/// rank t mod m meets m, and any other rank r meets (2t - r) mod m. For an odd p the same rule runs
-/// on p + 1 slots with m = p; the rank whose partner would be the empty slot p — rank t mod p — sits
-/// out round t (keeps its weights, sends nothing). p = 1: nobody communicates.
-///
-/// finish() averages the weights of every rank with one allreduce, so the run ends with one model
-/// (skipped when peers = all and the last step communicated: the replicas are already identical).
-/// Use it when the network's latency or a slow link makes the global allreduce the bottleneck:
-/// each rank talks to one or two peers per round, and the replicas still converge (BAGUA, D-PSGD).
+// flexpar/relax/decentralized.hpp — decentralized: local steps, then average the WEIGHTS with a few peers (BAGUA's
+// decentralized SGD, D-PSGD).
+//
+// Step s (counted from 0), k = communication interval, M = model bytes (f32), p ranks:
+//   step 1: opt.apply every parameter with its local gradient                    local
+//   step 2: if (s + 1) % k == 0, communication round t = (s + 1) / k - 1 with the peers:
+//     peers = all:       x = allreduce(avg) of x                                  2 (p - 1) / p * M sent
+//     peers = shift_one: x = (x + x_peer) / 2, peer = shift_one_peer(rank, p, t)  M sent (0 when sitting out)
+//     peers = ring:      x = ((x + x_left) + x_right) / 3 with left = rank - 1, right = rank + 1
+//                        (mod p); for p = 2 the one neighbour: x = (x + x_other) / 2  2 M sent (p >= 3), M (p = 2)
+//
+// shift_one is the circle method of round-robin tournaments: in round t the ranks form disjoint
+// pairs, symmetric by construction (my peer's peer is me), and every pair meets once in p - 1
+// rounds (p even) or p rounds (p odd). For an even p: with m = p - 1, rank m meets rank t mod m,
+// rank t mod m meets m, and any other rank r meets (2t - r) mod m. For an odd p the same rule runs
+// on p + 1 slots with m = p; the rank whose partner would be the empty slot p — rank t mod p — sits
+// out round t (keeps its weights, sends nothing). p = 1: nobody communicates.
+//
+// finish() averages the weights of every rank with one allreduce, so the run ends with one model
+// (skipped when peers = all and the last step communicated: the replicas are already identical).
+// Use it when the network's latency or a slow link makes the global allreduce the bottleneck:
+// each rank talks to one or two peers per round, and the replicas still converge (BAGUA, D-PSGD).
 #pragma once
 
 #include <cstdint>
@@ -31,8 +30,8 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/flat_model.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
 

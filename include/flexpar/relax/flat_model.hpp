@@ -1,12 +1,11 @@
-/// @file
-/// @brief What every relaxation does with its parameter list: check it across ranks, fuse it into one
-/// flat buffer (a bucket, as in Horovod and BAGUA) and copy back.
-///
-/// start() of every algorithm calls flat_model::bind, which is collective: every rank contributes
-/// (number of parameters, total elements, a hash of the names, a hash of the lengths, and the first
-/// parameter whose weight and gradient lengths differ). All ranks see all of them, so all ranks throw
-/// the same usage_error together on a mismatch (no rank is left waiting). step() calls check(), which
-/// is local: the list must keep its length and lengths.
+// flexpar/relax/flat_model.hpp — what every relaxation does with its parameter list: check it across ranks, fuse it
+// into one flat buffer (a bucket, as in Horovod and BAGUA) and copy back.
+//
+// start() of every algorithm calls flat_model::bind, which is collective: every rank contributes
+// (number of parameters, total elements, a hash of the names, a hash of the lengths, and the first
+// parameter whose weight and gradient lengths differ). All ranks see all of them, so all ranks throw
+// the same usage_error together on a mismatch (no rank is left waiting). step() calls check(), which
+// is local: the list must keep its length and lengths.
 #pragma once
 
 #include <algorithm>

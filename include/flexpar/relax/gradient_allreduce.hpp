@@ -1,14 +1,14 @@
-/// @file
-/// @brief gradient_allreduce: the baseline — average the gradients exactly, then step (Horovod, DDP).
-///
-/// Pattern of one step, M = model bytes (f32), p ranks:
-///   step 0: fuse every gradient into one flat buffer (a bucket)          local, M
-///   step 1: allreduce(avg) of the bucket — ring (or halving-doubling, by the cost model), or
-///           hierarchical (intra-node reduce-scatter, inter-node allreduce, intra-node allgather)
-///                                                                        2 (p - 1) / p * M sent per rank
-///   step 2: copy the averages back into the gradients, opt.apply each parameter
-/// Bytes on the wire per step per rank: 2 (p - 1) / p * M (traffic_so_far() counts this ring figure).
-/// Every rank ends each step with bitwise identical weights; finish() has nothing to do.
+// flexpar/relax/gradient_allreduce.hpp — gradient_allreduce: the baseline — average the gradients exactly, then step
+// (Horovod, DDP).
+//
+// Pattern of one step, M = model bytes (f32), p ranks:
+//   step 0: fuse every gradient into one flat buffer (a bucket)          local, M
+//   step 1: allreduce(avg) of the bucket — ring (or halving-doubling, by the cost model), or
+//           hierarchical (intra-node reduce-scatter, inter-node allreduce, intra-node allgather)
+//                                                                        2 (p - 1) / p * M sent per rank
+//   step 2: copy the averages back into the gradients, opt.apply each parameter
+// Bytes on the wire per step per rank: 2 (p - 1) / p * M (traffic_so_far() counts this ring figure).
+// Every rank ends each step with bitwise identical weights; finish() has nothing to do.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/flat_model.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
 

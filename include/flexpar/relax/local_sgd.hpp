@@ -1,15 +1,14 @@
-/// @file
-/// @brief local_sgd: every rank steps on its own; every k steps the weights are averaged (Local SGD,
-/// model averaging).
-///
-/// Step s (counted from 0), k = interval, M = model bytes (f32), p ranks:
-///   step 1: opt.apply every parameter with its local gradient                 local
-///   step 2: if (s + 1) % k == 0: fuse the weights, allreduce(avg), copy back  2 (p - 1) / p * M sent
-/// Bytes on the wire per step per rank, averaged over steps: 2 (p - 1) / (p k) * M.
-/// finish() averages once more if any step ran since the last average, so the run ends with one
-/// model. k = 1 with plain SGD (no momentum) is gradient_allreduce up to rounding. Use it when
-/// communication is expensive and the model tolerates some drift between replicas; optimizer state
-/// (momentum, Adam moments) stays local and is not averaged.
+// flexpar/relax/local_sgd.hpp — local_sgd: every rank steps on its own; every k steps the weights are averaged (Local
+// SGD, model averaging).
+//
+// Step s (counted from 0), k = interval, M = model bytes (f32), p ranks:
+//   step 1: opt.apply every parameter with its local gradient                 local
+//   step 2: if (s + 1) % k == 0: fuse the weights, allreduce(avg), copy back  2 (p - 1) / p * M sent
+// Bytes on the wire per step per rank, averaged over steps: 2 (p - 1) / (p k) * M.
+// finish() averages once more if any step ran since the last average, so the run ends with one
+// model. k = 1 with plain SGD (no momentum) is gradient_allreduce up to rounding. Use it when
+// communication is expensive and the model tolerates some drift between replicas; optimizer state
+// (momentum, Adam moments) stays local and is not averaged.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +18,8 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/flat_model.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
 

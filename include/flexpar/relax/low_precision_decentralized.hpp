@@ -1,27 +1,26 @@
-/// @file
-/// @brief low_precision_decentralized: ring neighbours exchange min-max uint8 compressed DIFFERENCES
-/// of their weights and keep replicas of each other (BAGUA's low precision decentralized SGD, after
-/// DCD-PSGD, arXiv:1803.06443).
-///
-/// State per rank: x (the weights), for each ring neighbour j a replica xh_j, and my own last-sent
-/// replica xh_me (what my neighbours hold of me). At start() all are rank 0's weights. Step s (from
-/// 0), k = interval, Q = min-max uint8 round trip (decode(encode(.)) with `chunk` elements per chunk
-/// over the flat model), M = model bytes (f32), p ranks, neighbours L = rank - 1, R = rank + 1 (mod p):
-///   on a communicating step ((s + 1) % k == 0):
-///     step 1: x = ((x + xh_L) + xh_R) / 3         (p = 2: x = (x + xh_other) / 2; p = 1: unchanged)  local
-///     step 2: opt.apply every parameter with its local gradient                                    local
-///     step 3: z = x - xh_me; encode z; x = xh_me + Q(z); xh_me = x                                   local
-///     step 4: send the encoded z to L and R; receive theirs            2 E(M) sent (p = 2: E(M))
-///     step 5: xh_L += Q(z_L); xh_R += Q(z_R)                                                         local
-///   other steps: opt.apply only (x drifts from xh_me; the next difference carries the drift).
-/// E(M) = M / 4 + 8 * ceil(M / (4 chunk)) bytes: about 8x less than decentralized ring (2 M).
-///
-/// Invariant (tested): after every step, every rank's replica of rank j is bitwise equal to rank j's
-/// xh_j, and after a communicating step x == xh_me — neighbours add the same decoded bytes to the same
-/// starting values with the same float operations. finish() averages the weights of every rank with
-/// one allreduce. Use it on slow links where even decentralized's one model per step is too much; the
-/// compression error does not accumulate because every difference is taken against what the
-/// neighbours actually hold.
+// flexpar/relax/low_precision_decentralized.hpp — low_precision_decentralized: ring neighbours exchange min-max uint8
+// compressed DIFFERENCES of their weights and keep replicas of each other (BAGUA's low precision decentralized SGD,
+// after DCD-PSGD, arXiv:1803.06443).
+//
+// State per rank: x (the weights), for each ring neighbour j a replica xh_j, and my own last-sent
+// replica xh_me (what my neighbours hold of me). At start() all are rank 0's weights. Step s (from
+// 0), k = interval, Q = min-max uint8 round trip (decode(encode(.)) with `chunk` elements per chunk
+// over the flat model), M = model bytes (f32), p ranks, neighbours L = rank - 1, R = rank + 1 (mod p):
+//   on a communicating step ((s + 1) % k == 0):
+//     step 1: x = ((x + xh_L) + xh_R) / 3         (p = 2: x = (x + xh_other) / 2; p = 1: unchanged)  local
+//     step 2: opt.apply every parameter with its local gradient                                    local
+//     step 3: z = x - xh_me; encode z; x = xh_me + Q(z); xh_me = x                                   local
+//     step 4: send the encoded z to L and R; receive theirs            2 E(M) sent (p = 2: E(M))
+//     step 5: xh_L += Q(z_L); xh_R += Q(z_R)                                                         local
+//   other steps: opt.apply only (x drifts from xh_me; the next difference carries the drift).
+// E(M) = M / 4 + 8 * ceil(M / (4 chunk)) bytes: about 8x less than decentralized ring (2 M).
+//
+// Invariant (tested): after every step, every rank's replica of rank j is bitwise equal to rank j's
+// xh_j, and after a communicating step x == xh_me — neighbours add the same decoded bytes to the same
+// starting values with the same float operations. finish() averages the weights of every rank with
+// one allreduce. Use it on slow links where even decentralized's one model per step is too much; the
+// compression error does not accumulate because every difference is taken against what the
+// neighbours actually hold.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +32,8 @@
 
 #include <flexpar/collective.hpp>
 #include <flexpar/compress/minmax_uint8.hpp>
-#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/flat_model.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
 

@@ -1,23 +1,22 @@
-/// @file
-/// @brief The Adam family with compressed momentum (1-bit Adam, QAdam): what onebit_adam.hpp and
-/// qadam.hpp share.
-///
-/// These algorithms own their optimizer: Adam with the adam_options given at construction; the
-/// optimizer passed to step() is ignored. n = model elements, t = step number from 1,
-/// T = warmup_steps, M = model bytes (f32), p ranks:
-///   warm-up (t <= T), exact Adam on averaged gradients:
-///     step 1: g = allreduce(avg) of the fused gradients                    2 (p - 1) / p * M sent
-///     step 2: g += wd * x; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-///             x -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)   local
-///     at t = T: v is frozen as vf = v / (1 - b2^T) (never updated again)
-///   compression stage (t > T), the momentum crosses the network compressed:
-///     step 1: g = my local gradient (+ wd * x); m = b1 m + (1 - b1) g      local
-///     step 2: m = compressed_average(m) (compressed_average.hpp; the codec below)
-///                                                                          2 (p - 1) / p * E(M) sent
-///     step 3: x -= lr * (m / (1 - b1^t)) / (sqrt(vf) + eps)                local
-/// Because step 2 leaves m identical on every rank and the frozen variance is identical too, the
-/// weights stay identical on every rank in both stages; finish() has nothing to do. With T = 0 the
-/// variance is frozen at zero (vf = 0): the update is then m / eps — give a warm-up.
+// flexpar/relax/momentum_adam.hpp — the Adam family with compressed momentum (1-bit Adam, QAdam): what onebit_adam.hpp
+// and qadam.hpp share.
+//
+// These algorithms own their optimizer: Adam with the adam_options given at construction; the
+// optimizer passed to step() is ignored. n = model elements, t = step number from 1,
+// T = warmup_steps, M = model bytes (f32), p ranks:
+//   warm-up (t <= T), exact Adam on averaged gradients:
+//     step 1: g = allreduce(avg) of the fused gradients                    2 (p - 1) / p * M sent
+//     step 2: g += wd * x; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+//             x -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)   local
+//     at t = T: v is frozen as vf = v / (1 - b2^T) (never updated again)
+//   compression stage (t > T), the momentum crosses the network compressed:
+//     step 1: g = my local gradient (+ wd * x); m = b1 m + (1 - b1) g      local
+//     step 2: m = compressed_average(m) (compressed_average.hpp; the codec below)
+//                                                                          2 (p - 1) / p * E(M) sent
+//     step 3: x -= lr * (m / (1 - b1^t)) / (sqrt(vf) + eps)                local
+// Because step 2 leaves m identical on every rank and the frozen variance is identical too, the
+// weights stay identical on every rank in both stages; finish() has nothing to do. With T = 0 the
+// variance is frozen at zero (vf = 0): the update is then m / eps — give a warm-up.
 #pragma once
 
 #include <cmath>
@@ -30,10 +29,10 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/compressed_average.hpp>
 #include <flexpar/relax/flat_model.hpp>
 #include <flexpar/relax/optimizer.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax::detail {
 

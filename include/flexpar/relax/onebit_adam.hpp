@@ -1,20 +1,19 @@
-/// @file
-/// @brief onebit_adam: 1-bit Adam (Tang et al. 2021; DeepSpeed) — exact Adam for a warm-up, then the
-/// variance is frozen and the momentum crosses the network as 1-bit signs with error feedback.
-///
-/// The stages and their costs are in momentum_adam.hpp. The momentum average (its step 2) is
-/// compressed_average.hpp with this codec:
-///   worker side: partition j of my momentum is encoded by compress::onebit with the residual of my
-///                partition j (error feedback: what the sign dropped is added next step);
-///   server side: my averaged partition is encoded by a second compress::onebit, with the residual of
-///                my partition as its owner (the second error feedback of 1-bit Adam).
-/// E(M) = M / 32 + 4 bytes per chunk of `chunk` elements, so a compression-stage step sends about
-/// 2 (p - 1) / p * (M / 32 + 4 M / (4 chunk)) bytes per rank: ~30x less than gradient_allreduce.
-/// Error feedback makes the sum over steps of what was transmitted track the sum of the true
-/// averages: they differ by (mean over ranks of the worker residuals) + (the server residual),
-/// which stays bounded (tested). It owns its optimizer: the optimizer passed to step() is ignored;
-/// the Adam settings come from the constructor (options::adam through the registry).
-/// Use it for Adam-trained models on slow links after a warm-up long enough for the variance to settle.
+// flexpar/relax/onebit_adam.hpp — onebit_adam: 1-bit Adam (Tang et al. 2021; DeepSpeed) — exact Adam for a warm-up,
+// then the variance is frozen and the momentum crosses the network as 1-bit signs with error feedback.
+//
+// The stages and their costs are in momentum_adam.hpp. The momentum average (its step 2) is
+// compressed_average.hpp with this codec:
+//   worker side: partition j of my momentum is encoded by compress::onebit with the residual of my
+//                partition j (error feedback: what the sign dropped is added next step);
+//   server side: my averaged partition is encoded by a second compress::onebit, with the residual of
+//                my partition as its owner (the second error feedback of 1-bit Adam).
+// E(M) = M / 32 + 4 bytes per chunk of `chunk` elements, so a compression-stage step sends about
+// 2 (p - 1) / p * (M / 32 + 4 M / (4 chunk)) bytes per rank: ~30x less than gradient_allreduce.
+// Error feedback makes the sum over steps of what was transmitted track the sum of the true
+// averages: they differ by (mean over ranks of the worker residuals) + (the server residual),
+// which stays bounded (tested). It owns its optimizer: the optimizer passed to step() is ignored;
+// the Adam settings come from the constructor (options::adam through the registry).
+// Use it for Adam-trained models on slow links after a warm-up long enough for the variance to settle.
 #pragma once
 
 #include <cstddef>

@@ -1,14 +1,13 @@
-/// @file
-/// @brief The local optimizer rules the relaxations apply: SGD (momentum, weight decay) and Adam.
-///
-/// An optimizer keeps its state per parameter index (the position of the parameter in the list that
-/// the relaxation is given), sized on the first apply() of that index. Both follow PyTorch's rules:
-///
-///   sgd:  g' = g + weight_decay * w;  b = momentum * b + g';  w -= learning_rate * (momentum ? b : g')
-///   adam: g' = g + weight_decay * w;  m = beta1 m + (1 - beta1) g';  v = beta2 v + (1 - beta2) g'^2;
-///         w -= learning_rate * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + epsilon)
-///
-/// (t counts the apply() calls of that index, from 1). Not thread-safe: one relaxation drives it.
+// flexpar/relax/optimizer.hpp — the local optimizer rules the relaxations apply: SGD (momentum, weight decay) and Adam.
+//
+// An optimizer keeps its state per parameter index (the position of the parameter in the list that
+// the relaxation is given), sized on the first apply() of that index. Both follow PyTorch's rules:
+//
+//   sgd:  g' = g + weight_decay * w;  b = momentum * b + g';  w -= learning_rate * (momentum ? b : g')
+//   adam: g' = g + weight_decay * w;  m = beta1 m + (1 - beta1) g';  v = beta2 v + (1 - beta2) g'^2;
+//         w -= learning_rate * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + epsilon)
+//
+// (t counts the apply() calls of that index, from 1). Not thread-safe: one relaxation drives it.
 #pragma once
 
 #include <cmath>

@@ -1,14 +1,13 @@
-/// @file
-/// @brief qadam: BAGUA's QAdam — exact Adam for a warm-up, then the variance is frozen and the
-/// momentum crosses the network min-max uint8 compressed (no error feedback).
-///
-/// The stages and their costs are in momentum_adam.hpp; the momentum average is bytegrad's
-/// compressed_average with min-max uint8 on both sides (chunks of `chunk` elements), so a
-/// compression-stage step sends 2 (p - 1) / p * (M / 4 + 8 * ceil(M / (4 chunk))) bytes per rank.
-/// Each averaged momentum carries two quantization errors of at most (max - min) / 510 of its chunk
-/// (minmax_uint8.hpp); unlike onebit_adam they are not fed back. It owns its optimizer: the optimizer
-/// passed to step() is ignored. Use it like onebit_adam where 8 bits per value are affordable and the
-/// simpler, feedback-free rule is preferred.
+// flexpar/relax/qadam.hpp — qadam: BAGUA's QAdam — exact Adam for a warm-up, then the variance is frozen and the
+// momentum crosses the network min-max uint8 compressed (no error feedback).
+//
+// The stages and their costs are in momentum_adam.hpp; the momentum average is bytegrad's
+// compressed_average with min-max uint8 on both sides (chunks of `chunk` elements), so a
+// compression-stage step sends 2 (p - 1) / p * (M / 4 + 8 * ceil(M / (4 chunk))) bytes per rank.
+// Each averaged momentum carries two quantization errors of at most (max - min) / 510 of its chunk
+// (minmax_uint8.hpp); unlike onebit_adam they are not fed back. It owns its optimizer: the optimizer
+// passed to step() is ignored. Use it like onebit_adam where 8 bits per value are affordable and the
+// simpler, feedback-free rule is preferred.
 #pragma once
 
 #include <cstddef>

@@ -1,17 +1,15 @@
-/// @file
-/// @brief Every relaxation by name, for command lines and benchmarks: relax::make("bytegrad", comm).
-///
-/// Light on purpose (no collective templates): the algorithms are built in libflexpar
-/// (lib/relax/registry.cpp). Code that knows its algorithm at compile time can include its header
-/// (flexpar/relax/bytegrad.hpp, ...) and construct it directly instead.
-///
-/// @code
-///   flexpar::relax::sgd opt({.learning_rate = 0.05f, .momentum = 0.9f});
-///   auto algo = flexpar::relax::make("decentralized", comm, {.peers = "ring"});
-///   algo->start(params);
-///   for (...) { backward(); algo->step(params, opt); }
-///   algo->finish(params);
-/// @endcode
+// flexpar/relax/registry.hpp — every relaxation by name, for command lines and benchmarks: relax::make("bytegrad",
+// comm).
+//
+// Light on purpose (no collective templates): the algorithms are built in libflexpar
+// (lib/relax/registry.cpp). Code that knows its algorithm at compile time can include its header
+// (flexpar/relax/bytegrad.hpp, ...) and construct it directly instead.
+//
+//   flexpar::relax::sgd opt({.learning_rate = 0.05f, .momentum = 0.9f});
+//   auto algo = flexpar::relax::make("decentralized", comm, {.peers = "ring"});
+//   algo->start(params);
+//   for (...) { backward(); algo->step(params, opt); }
+//   algo->finish(params);
 #pragma once
 
 #include <cstddef>
@@ -20,8 +18,8 @@
 #include <string>
 #include <string_view>
 
-#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/optimizer.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
 

@@ -1,9 +1,8 @@
-/// @file
-/// @brief Threads as ranks in one process.
-///
-/// For fast unit tests across many world sizes (the gloo model). Messages are matched per
-/// (receiver, sender, tag) in send order and copied once, straight from the sender's buffer into the
-/// receiver's (a send completes when the receiver has its bytes: rendezvous, like a large MPI message).
+// flexpar/transport/inproc.hpp — threads as ranks in one process.
+//
+// For fast unit tests across many world sizes (the gloo model). Messages are matched per
+// (receiver, sender, tag) in send order and copied once, straight from the sender's buffer into the
+// receiver's (a send completes when the receiver has its bytes: rendezvous, like a large MPI message).
 #pragma once
 
 #include <functional>

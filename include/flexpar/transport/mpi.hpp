@@ -1,5 +1,4 @@
-/// @file
-/// @brief The MPI transport: MPI_Isend/MPI_Irecv on a duplicated communicator.
+// flexpar/transport/mpi.hpp — the MPI transport: MPI_Isend/MPI_Irecv on a duplicated communicator.
 #pragma once
 
 #include <mpi.h>

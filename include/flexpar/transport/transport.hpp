@@ -1,20 +1,19 @@
-/// @file
-/// @brief Point-to-point bytes between the ranks of a group.
-///
-/// The one type-erased boundary of flexpar (STYLE §5): algorithms above it are templates, the
-/// transports below it (MPI, UCX, in-process; NCCL later) are compiled in lib/ behind this interface.
-///
-/// Contract of every transport:
-///  - isend/irecv are non-blocking and return a `request`; the span must stay valid and untouched
-///    until the request completes (or is destroyed, which cancels it where the library allows).
-///  - Matching is by (peer, tag). Two messages from the same sender with the same tag are received
-///    in the order they were sent. There is no wildcard source or tag.
-///  - A receive buffer may be larger than the message (request::bytes() tells the size received);
-///    a message larger than the buffer is an error (transport_error), never a silent truncation.
-///  - Zero-length messages are messages: they match and complete like any other.
-///  - Every blocking wait has a deadline: past it, timeout_error names the rank, op, peer, tag and size.
-///  - Tags run from 0 to max_tag() - 1; max_tag() itself is reserved for flexpar's own bootstrap.
-///  - A transport is used by one thread at a time unless the transport says otherwise.
+// flexpar/transport/transport.hpp — point-to-point bytes between the ranks of a group.
+//
+// The one type-erased boundary of flexpar (STYLE §5): algorithms above it are templates, the
+// transports below it (MPI, UCX, in-process; NCCL later) are compiled in lib/ behind this interface.
+//
+// Contract of every transport:
+//  - isend/irecv are non-blocking and return a `request`; the span must stay valid and untouched
+//    until the request completes (or is destroyed, which cancels it where the library allows).
+//  - Matching is by (peer, tag). Two messages from the same sender with the same tag are received
+//    in the order they were sent. There is no wildcard source or tag.
+//  - A receive buffer may be larger than the message (request::bytes() tells the size received);
+//    a message larger than the buffer is an error (transport_error), never a silent truncation.
+//  - Zero-length messages are messages: they match and complete like any other.
+//  - Every blocking wait has a deadline: past it, timeout_error names the rank, op, peer, tag and size.
+//  - Tags run from 0 to max_tag() - 1; max_tag() itself is reserved for flexpar's own bootstrap.
+//  - A transport is used by one thread at a time unless the transport says otherwise.
 #pragma once
 
 #include <chrono>

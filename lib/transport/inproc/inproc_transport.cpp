@@ -1,4 +1,5 @@
-// The in-process transport: threads as ranks, one copy from sender to receiver.
+// lib/transport/inproc/inproc_transport.cpp — the in-process transport: threads as ranks, one copy from sender to
+// receiver.
 //
 // Matching: each receiver has, per (sender, tag), a FIFO of posted receives and a FIFO of sends
 // not yet received. A new send takes the oldest posted receive (or queues), a new receive takes

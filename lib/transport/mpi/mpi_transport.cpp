@@ -1,4 +1,5 @@
-// The MPI transport: MPI_Isend/MPI_Irecv (large-count variants) on a flexpar-owned duplicate.
+// lib/transport/mpi/mpi_transport.cpp — the MPI transport: MPI_Isend/MPI_Irecv (large-count variants) on a
+// flexpar-owned duplicate.
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/check_mpi.hpp>
 #include <flexpar/transport/mpi.hpp>

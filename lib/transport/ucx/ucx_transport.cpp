@@ -1,5 +1,5 @@
-// The UCX transport: ucp tag send/receive on one worker per transport, worker addresses exchanged
-// over a flexpar-owned MPI duplicate.
+// lib/transport/ucx/ucx_transport.cpp — the UCX transport: ucp tag send/receive on one worker per transport, worker
+// addresses exchanged over a flexpar-owned MPI duplicate.
 //
 // ucp tags carry the sender's rank in the upper 32 bits and flexpar's tag in the lower 32, and every
 // receive matches all 64 bits, so a receive takes exactly one (peer, tag) stream in send order.

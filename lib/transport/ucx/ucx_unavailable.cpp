@@ -1,4 +1,4 @@
-// Built instead of ucx_transport.cpp when FLEXPAR_WITH_UCX=OFF.
+// lib/transport/ucx/ucx_unavailable.cpp — built instead of ucx_transport.cpp when FLEXPAR_WITH_UCX=OFF.
 #include <flexpar/transport/ucx.hpp>
 
 namespace flexpar {
