@@ -1,5 +1,5 @@
-// flexpar/actor/deterministic_scheduler.hpp — a single-threaded scheduler that fires one actor at a time, chosen by the
-// test.
+// flexpar/actor/deterministic_scheduler.hpp — a single-threaded scheduler that fires one actor at a
+// time, chosen by the test.
 //
 // For tests (the CAF deterministic fixture's idea): the caller sees which actors are ready, fires
 // one (`step`), and can assert the register counts and mailboxes between any two firings. A seeded

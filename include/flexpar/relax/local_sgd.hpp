@@ -1,5 +1,5 @@
-// flexpar/relax/local_sgd.hpp — local_sgd: every rank steps on its own; every k steps the weights are averaged (Local
-// SGD, model averaging).
+// flexpar/relax/local_sgd.hpp — local_sgd: every rank steps on its own; every k steps the weights are
+// averaged (Local SGD, model averaging).
 //
 // Step s (counted from 0), k = interval, M = model bytes (f32), p ranks:
 //   step 1: opt.apply every parameter with its local gradient                 local

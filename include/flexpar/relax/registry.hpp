@@ -1,5 +1,5 @@
-// flexpar/relax/registry.hpp — every relaxation by name, for command lines and benchmarks: relax::make("bytegrad",
-// comm).
+// flexpar/relax/registry.hpp — every relaxation by name, for command lines and benchmarks:
+// relax::make("bytegrad", comm).
 //
 // Light on purpose (no collective templates): the algorithms are built in libflexpar
 // (lib/relax/registry.cpp). Code that knows its algorithm at compile time can include its header
