@@ -109,7 +109,7 @@ void shared_memory_allgather(communicator& comm, std::span<T> data, const block_
                                     });
 }
 
-/// alltoall of p blocks of `count` elements through the segment; `in` may be `out` (see above).
+/// alltoall of p blocks of `count` elements through the segment; `in` may be `out` (as for the _placed form).
 template <element T>
 void shared_memory_alltoall(communicator& comm, std::span<const T> in, std::span<T> out, std::size_t count) {
   if (comm.size() == 1) {

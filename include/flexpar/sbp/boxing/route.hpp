@@ -53,7 +53,7 @@ constexpr mesh_extents extents_of(std::span<const int> mesh) noexcept {
 
 namespace detail {
 
-/// Changing mesh axis d of `cur` to `to` is sound (header comment).
+/// Changing mesh axis d of `cur` to `to` is sound (the rule at the top of this file).
 constexpr bool step_sound(const nd_parallel& cur, std::size_t d, const parallel& to) noexcept {
   for (std::size_t e = d + 1; e < cur.rank; ++e) {
     if (!cur[e].is_split()) continue;
