@@ -53,6 +53,19 @@ void reduce_into(device_span<T> dst, device_span<const T> src, reduce_op op, cud
 template <element T>
 void reduce_into(device_span<T> dst, device_span<const T> a, device_span<const T> b, reduce_op op, cudaStream_t s);
 
+/// dst[i] = ((sources[0][i] (op) sources[1][i]) (op) sources[2][i]) ... on `s`: the sources folded in
+/// their order, each step computed in accumulate_t<T> and rounded to T, so the result is bit-identical
+/// to the host's reduce_into applied source by source (what a rank of the device intra-node path
+/// computes for its part, reading every peer's copy once). One launch per 8 sources; `dst` may be the
+/// first source (same address), but must not overlap any other. One source is a copy.
+/// @pre at least one source; every source has dst.size() elements (usage_error otherwise).
+template <element T>
+void reduce_into(device_span<T> dst, std::span<const device_span<const T>> sources, reduce_op op, cudaStream_t s);
+
+/// Type-erased many-source reduce_into: `sources` are device addresses of `count` elements of `t`.
+void reduce_into(dtype t, void* dst, std::span<const void* const> sources, std::size_t count, reduce_op op,
+                 cudaStream_t s);
+
 /// data[i] = data[i] / ranks on `s`, computed in accumulate_t<T> (integer division for integer
 /// types): what turns the sum of reduce_op::avg into the average. Nothing happens for ranks <= 1.
 template <element T>
