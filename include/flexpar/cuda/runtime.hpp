@@ -116,8 +116,10 @@ class stream {
 /// An owning CUDA event (timing enabled unless asked otherwise).
 class event {
  public:
-  /// A new event; `timing` false gives cudaEventDisableTiming (cheaper, for ordering only).
-  explicit event(bool timing = true);
+  /// A new event; `timing` false gives cudaEventDisableTiming (cheaper, for ordering only);
+  /// `interprocess` adds cudaEventInterprocess (an event other processes may wait for through
+  /// cudaIpcGetEventHandle; CUDA requires it without timing, so it implies timing false).
+  explicit event(bool timing = true, bool interprocess = false);
   ~event();
   event(event&& other) noexcept : e_(std::exchange(other.e_, nullptr)) {}  ///< takes ownership
   event& operator=(event&& other) noexcept;                                ///< takes ownership
