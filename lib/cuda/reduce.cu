@@ -248,9 +248,9 @@ __global__ void __launch_bounds__(block_threads)
 
 template <class T, class Op>
 void launch_reduce_many(T* dst, const source_table<T>& table, std::size_t count, Op op, cudaStream_t s) {
-  math::vector_split split = math::split_for_vectors(reinterpret_cast<std::uintptr_t>(dst),
-                                                     reinterpret_cast<std::uintptr_t>(table.p[0]),
-                                                     reinterpret_cast<std::uintptr_t>(dst), count, sizeof(T));
+  math::vector_split split =
+      math::split_for_vectors(reinterpret_cast<std::uintptr_t>(dst), reinterpret_cast<std::uintptr_t>(table.p[0]),
+                              reinterpret_cast<std::uintptr_t>(dst), count, sizeof(T));
   for (int k = 1; k < table.n; ++k)
     if (reinterpret_cast<std::uintptr_t>(table.p[k]) % 16 != reinterpret_cast<std::uintptr_t>(dst) % 16)
       split = math::vector_split{count, 0, 0};  // no common alignment: all scalar
@@ -278,6 +278,13 @@ void reduce_many(T* dst, std::span<const T* const> sources, std::size_t count, O
     }
     launch_reduce_many(dst, table, count, op, s);
   }
+}
+
+template <class T>
+__global__ void fill_kernel(T* data, T value, std::size_t count) {
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    data[i] = value;
 }
 
 template <class T>
@@ -330,6 +337,16 @@ void reduce_into(device_span<T> dst, std::span<const device_span<const T>> sourc
 }
 
 template <element T>
+void fill(device_span<T> data, T value, cudaStream_t s) {
+  if (data.empty()) return;
+  auto* kernel = &detail::fill_kernel<T>;
+  const unsigned grid = detail::grid_for(data.size(), static_cast<std::size_t>(detail::block_threads),
+                                         detail::blocks_per_sm(kernel, detail::block_threads));
+  kernel<<<grid, detail::block_threads, 0, s>>>(data.data(), value, data.size());
+  detail::check_launch("fill_kernel<<<...>>>");
+}
+
+template <element T>
 void scale_for_average(device_span<T> data, int ranks, cudaStream_t s) {
   if (ranks <= 1) return;
   using A = accumulate_t<T>;
@@ -360,7 +377,8 @@ void reduce_into(dtype t, void* dst, std::span<const void* const> sources, std::
   template void reduce_into<T>(device_span<T>, device_span<const T>, reduce_op, cudaStream_t);                       \
   template void reduce_into<T>(device_span<T>, device_span<const T>, device_span<const T>, reduce_op, cudaStream_t); \
   template void scale_for_average<T>(device_span<T>, int, cudaStream_t);                                             \
-  template void reduce_into<T>(device_span<T>, std::span<const device_span<const T>>, reduce_op, cudaStream_t);
+  template void reduce_into<T>(device_span<T>, std::span<const device_span<const T>>, reduce_op, cudaStream_t);      \
+  template void fill<T>(device_span<T>, T, cudaStream_t);
 FLEXPAR_INSTANTIATE_REDUCE(float)
 FLEXPAR_INSTANTIATE_REDUCE(double)
 FLEXPAR_INSTANTIATE_REDUCE(half)

@@ -71,6 +71,11 @@ void reduce_into(dtype t, void* dst, std::span<const void* const> sources, std::
 template <element T>
 void scale_for_average(device_span<T> data, int ranks, cudaStream_t s);
 
+/// data[i] = value on `s`, for every dtype (what a rank that has joined contributes to a fused
+/// allreduce: the identity of the reduction).
+template <element T>
+void fill(device_span<T> data, T value, cudaStream_t s);
+
 /// Type-erased reduce_into for code that holds a dtype and raw device bytes (fusion buffers).
 /// @pre dst and src hold `count` elements of `t`.
 void reduce_into(dtype t, void* dst, const void* src, std::size_t count, reduce_op op, cudaStream_t s);
