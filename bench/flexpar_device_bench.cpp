@@ -23,6 +23,8 @@
 
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/cuda/collective.hpp>
+#include <flexpar/cuda/engine.hpp>
+#include <flexpar/engine/gradient_sync.hpp>
 
 #include "bench_cli.hpp"
 #include "bench_timing.hpp"
@@ -57,21 +59,130 @@ double ipc_traffic(const std::string& op, int p, double b, bool one_shot) {
   return 2 * b;  // broadcast (the root writes staging, the others read it), alltoall
 }
 
+/// Times `body` (a barrier, the body, the stream drained) and returns the slowest rank's median.
+template <class Body>
+double timed(int warmup, int iterations, cudaStream_t s, Body&& body) {
+  std::vector<double> samples;
+  for (int i = 0; i < warmup + iterations; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = std::chrono::steady_clock::now();
+    body();
+    fc::synchronize(s, std::chrono::seconds(120), "flexpar_device_bench");
+    if (i >= warmup) samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return flexpar::bench::median_of_slowest(samples);
+}
+
+/// The engine on device tensors: `tensors` allreduces of `bytes` each, fused and unfused, against one
+/// device allreduce of all their bytes; and gradient_sync over `parameters` floats in 50 tensors
+/// against one device allreduce of the same bytes. Every result is checked once (exit 1 on a wrong one).
+int engine_rows(flexpar::communicator& comm, fc::device_communicator& gpu, int tensors, std::size_t bytes,
+                std::size_t parameters, int warmup, int iterations) {
+  const int p = comm.size(), me = comm.rank();
+  fc::stream s;
+  const std::size_t count = bytes / sizeof(float);
+  fc::device_buffer<float> all(count * static_cast<std::size_t>(tensors));
+  auto reset = [&] {
+    const std::vector<float> ones(all.size(), 1.0f);
+    fc::copy_async(all.span(), std::span<const float>(ones), s);
+  };
+  auto check = [&](const char* what, float want) {
+    std::vector<float> got(all.size());
+    fc::copy_async(std::span<float>(got), fc::device_span<const float>(all.span()), s);
+    fc::synchronize(s, std::chrono::seconds(60), "check");
+    long long wrong = 0;
+    for (float v : got) wrong += v != want;
+    MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    if (wrong != 0 && me == 0) std::fprintf(stderr, "flexpar_device_bench: %s: %lld elements wrong\n", what, wrong);
+    return wrong == 0;
+  };
+  bool ok = true;
+  double engine_time[2] = {0, 0};
+  for (int fused = 1; fused >= 0; --fused) {
+    flexpar::config cfg = comm.settings();
+    cfg.fusion_threshold = fused ? std::size_t{64} << 20 : 0;
+    fc::engine_backend backend(gpu);
+    flexpar::engine eng(comm, cfg, {}, &backend);
+    std::vector<flexpar::handle> handles(static_cast<std::size_t>(tensors));
+    auto round = [&] {
+      for (int t = 0; t < tensors; ++t) {
+        std::string name = std::to_string(t);
+        handles[static_cast<std::size_t>(t)] = fc::allreduce_async(
+            eng, name.insert(0, 1, 't'), all.span().subspan(static_cast<std::size_t>(t) * count, count),
+            flexpar::reduce_op::sum, s);
+      }
+      for (auto& h : handles) fc::order_after(h, s);
+    };
+    reset();
+    round();
+    ok = check(fused ? "engine, fused" : "engine, unfused", static_cast<float>(p)) && ok;
+    engine_time[fused] = timed(warmup, iterations, s, [&] {
+      reset();
+      round();
+    });
+  }
+  const double bare = timed(warmup, iterations, s, [&] {
+    reset();
+    gpu.allreduce(all.span(), flexpar::reduce_op::sum, s);
+  });
+  const double reset_only = timed(warmup, iterations, s, reset);
+  // gradient_sync over `parameters` floats in 50 tensors, one backward pass per step
+  const std::size_t per = parameters / 50;
+  fc::device_buffer<float> weights(per * 50), grads(per * 50);
+  double sync_time = 0, sync_bare = 0;
+  {
+    fc::engine_backend backend(gpu);
+    flexpar::engine eng(comm, comm.settings(), {}, &backend);
+    flexpar::gradient_sync sync(eng, {.reduction = flexpar::gradient_reduction::sum});
+    for (int t = 0; t < 50; ++t) {
+      std::string name = std::to_string(t);
+      fc::register_parameter(sync, name.insert(0, 1, 'p'),
+                             weights.span().subspan(static_cast<std::size_t>(t) * per, per),
+                             grads.span().subspan(static_cast<std::size_t>(t) * per, per));
+    }
+    sync_time = timed(warmup, iterations, s, [&] { fc::synchronize(sync, s); });
+    sync_bare = timed(warmup, iterations, s, [&] { gpu.allreduce(grads.span(), flexpar::reduce_op::sum, s); });
+  }
+  if (me == 0) {
+    std::printf("\n# the engine on device tensors (%d ranks): %d allreduces of %zu bytes\n", p, tensors, bytes);
+    std::printf("%-44s %11s\n", "what", "time(us)");
+    std::printf("%-44s %11.1f\n", "engine, fused (64 MiB threshold)", (engine_time[1] - reset_only) * 1e6);
+    std::printf("%-44s %11.1f\n", "engine, unfused", (engine_time[0] - reset_only) * 1e6);
+    std::printf("%-44s %11.1f\n", "one device allreduce of all the bytes", (bare - reset_only) * 1e6);
+    std::printf("fused / one allreduce = %.2fx (target <= 1.5x); unfused / fused = %.1fx (target >= 20x)\n",
+                (engine_time[1] - reset_only) / (bare - reset_only),
+                (engine_time[0] - reset_only) / (engine_time[1] - reset_only));
+    std::printf("\n# gradient_sync of %zu parameters in 50 device tensors vs one device allreduce of the bytes\n",
+                per * 50);
+    std::printf("%-44s %11.1f\n", "gradient_sync::synchronize(stream)", sync_time * 1e6);
+    std::printf("%-44s %11.1f\n", "device allreduce", sync_bare * 1e6);
+    std::printf("overhead %.1f%% (target <= 5%%)\n", (sync_time / sync_bare - 1) * 100);
+  }
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);  // the engine's thread calls MPI
   int status = 0;
   {
     CLI::App app{"flexpar_device_bench: device collectives on one node, path by path, next to a device copy"};
     std::string sizes_text = "1M,16M,64M,256M", ops_text = "allreduce,reduce_scatter,allgather,alltoall,broadcast";
-    int iterations = 20, warmup = 3;
+    int iterations = 20, warmup = 3, engine_tensors = 0;
+    std::string engine_bytes_text = "4K", parameters_text = "25M";
     app.add_option("--sizes", sizes_text, "bytes of the whole buffer (K, M, G suffixes), comma-separated")
         ->capture_default_str();
     app.add_option("--ops", ops_text, "collectives, comma-separated")->capture_default_str();
     app.add_option("-n,--iters", iterations, "timed iterations per row")->capture_default_str();
     app.add_option("-w,--warmup", warmup, "untimed iterations first")->capture_default_str();
+    app.add_option("--engine", engine_tensors,
+                   "also time the engine: this many device allreduces (fused, unfused) and gradient_sync")
+        ->capture_default_str();
+    app.add_option("--engine-bytes", engine_bytes_text, "bytes of each of the engine's tensors")->capture_default_str();
+    app.add_option("--parameters", parameters_text, "floats of gradient_sync's model (50 tensors; K, M suffixes)")
+        ->capture_default_str();
     try {
       app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -109,6 +220,9 @@ int main(int argc, char** argv) {
       std::printf("%12s %-15s %-13s %11s %11s %11s %9s %9s\n", "size(B)", "collective", "path", "time(us)",
                   "algbw(GB/s)", "moved(GB/s)", "vs_copy", "copy(us)");
     fc::stream s;
+    if (engine_tensors > 0)
+      status = engine_rows(comm, gpu, engine_tensors, flexpar::bench::parse_size(engine_bytes_text),
+                           flexpar::bench::parse_size(parameters_text), warmup, iterations);
     for (const std::string& size_text : split_list(sizes_text)) {
       const std::size_t bytes = flexpar::bench::parse_size(size_text);
       const std::size_t count =

@@ -41,7 +41,7 @@ struct engine_backend::state {
   device_communicator* gpu = nullptr;
   stream own;
   fusion_packer packer;
-  device_buffer<std::byte> fusion, scratch_in, scratch_out;
+  device_buffer<std::byte> fusion, scratch_in, scratch_out, discard;
 
   std::byte* grown(device_buffer<std::byte>& b, std::size_t bytes) {
     if (b.size() < bytes) b = device_buffer<std::byte>(std::max(bytes, b.size() * 2));
@@ -126,7 +126,17 @@ device_marker engine_backend::run(collective_kind kind, dtype type, reduce_op op
     s.packer.copy(out, s.own);
   } else {
     m->t1.record(s.own);
-    const device_item& item = items[0];
+    device_item item = items[0];
+    if (!item.out && item.in && kind != collective_kind::broadcast) {
+      // the engine's caller gave too small an output: the collective runs into scratch (the other
+      // ranks need this rank's part) and the engine fails that handle alone
+      std::size_t result = item.count;
+      if (kind == collective_kind::allgather) {
+        result = 0;
+        for (auto c : counts) result += c;
+      }
+      item.out = s.grown(s.discard, result * e);
+    }
     switch (kind) {
       case collective_kind::allreduce:
         s.copy(item.out, item.in, item.count * e);
@@ -235,6 +245,18 @@ device_phases engine_backend::phases(const device_marker& m) {
 void engine_backend::order_after(const device_marker& m, void* stream) {
   const device_guard on(s_->gpu->device());
   stream_wait(static_cast<cudaStream_t>(stream), of(m).end);
+}
+
+void engine_backend::convert(dtype from, const void* in, dtype to, void* out, std::size_t count, double factor,
+                             void* stream) {
+  const device_guard on(s_->gpu->device());
+  cuda::convert(from, in, to, out, count, factor, static_cast<cudaStream_t>(stream));
+}
+
+std::shared_ptr<void> engine_backend::allocate(std::size_t bytes) {
+  const device_guard on(s_->gpu->device());
+  auto buffer = std::make_shared<device_buffer<std::byte>>(bytes);
+  return std::shared_ptr<void>(buffer, buffer->data());
 }
 
 }  // namespace flexpar::cuda

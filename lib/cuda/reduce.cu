@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -287,6 +288,23 @@ __global__ void fill_kernel(T* data, T value, std::size_t count) {
     data[i] = value;
 }
 
+template <class From, class To>
+__global__ void convert_kernel(const From* in, To* out, std::size_t count, double factor) {
+  using A = accumulate_t<To>;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    out[i] = narrow<To>(static_cast<A>(static_cast<double>(widen(in[i])) * factor));
+}
+
+template <class From, class To>
+void launch_convert(const void* in, void* out, std::size_t count, double factor, cudaStream_t s) {
+  if (count == 0) return;
+  auto* kernel = &convert_kernel<From, To>;
+  const unsigned grid = grid_for(count, static_cast<std::size_t>(block_threads), blocks_per_sm(kernel, block_threads));
+  kernel<<<grid, block_threads, 0, s>>>(static_cast<const From*>(in), static_cast<To*>(out), count, factor);
+  check_launch("convert_kernel<<<...>>>");
+}
+
 template <class T>
 void reduce_dispatch(T* dst, const T* a, const T* b, std::size_t count, reduce_op op, cudaStream_t s) {
   switch (op) {
@@ -360,6 +378,22 @@ void reduce_into(dtype t, void* dst, const void* src, std::size_t count, reduce_
     reduce_into(device_span<T>(static_cast<T*>(dst), count), device_span<const T>(static_cast<const T*>(src), count),
                 op, s);
   });
+}
+
+void convert(dtype from, const void* in, dtype to, void* out, std::size_t count, double factor, cudaStream_t s) {
+  if (from == to) {
+    visit_dtype(from, [&](auto zero) {
+      using T = decltype(zero);
+      detail::launch_convert<T, T>(in, out, count, factor, s);
+    });
+    return;
+  }
+  if (from == dtype::f32 && to == dtype::f16) return detail::launch_convert<float, half>(in, out, count, factor, s);
+  if (from == dtype::f16 && to == dtype::f32) return detail::launch_convert<half, float>(in, out, count, factor, s);
+  if (from == dtype::f32 && to == dtype::bf16) return detail::launch_convert<float, bfloat16>(in, out, count, factor, s);
+  if (from == dtype::bf16 && to == dtype::f32) return detail::launch_convert<bfloat16, float>(in, out, count, factor, s);
+  throw usage_error("cuda::convert: " + std::string(name_of(from)) + " to " + std::string(name_of(to)) +
+                    " is not supported (a type to itself, or f32 to and from f16 and bf16)");
 }
 
 void reduce_into(dtype t, void* dst, std::span<const void* const> sources, std::size_t count, reduce_op op,

@@ -41,6 +41,7 @@ struct description {
   reduce_op op = reduce_op::sum;
   std::int32_t root = -1;
   std::uint64_t count = 0;
+  memory_kind memory = memory_kind::host;
 };
 
 struct engine_entry {
@@ -50,6 +51,15 @@ struct engine_entry {
   std::span<std::byte> out;
   completion_callback done;
   std::chrono::milliseconds default_timeout{0};
+
+  // device tensors (desc.memory == cuda): device addresses, the producer's position, and once the
+  // response is enqueued the marker of its end
+  const void* device_in = nullptr;
+  void* device_out = nullptr;
+  std::size_t out_capacity = 0;  // elements
+  device_marker ready, end;
+  device_backend* backend = nullptr;
+  bool enqueued = false;  // under mutex; finished_cv is notified when it turns true
 
   std::mutex mutex;
   std::condition_variable finished_cv;
@@ -136,6 +146,7 @@ void put_description(wire_writer& w, const description& d) {
   w.put(static_cast<std::uint8_t>(d.op));
   w.put(d.root);
   w.put(d.count);
+  w.put(static_cast<std::uint8_t>(d.memory));
 }
 
 description get_description(wire_reader& r) {
@@ -145,6 +156,7 @@ description get_description(wire_reader& r) {
   d.op = static_cast<reduce_op>(r.get<std::uint8_t>());
   d.root = r.get<std::int32_t>();
   d.count = r.get<std::uint64_t>();
+  d.memory = static_cast<memory_kind>(r.get<std::uint8_t>());
   return d;
 }
 
@@ -154,10 +166,11 @@ constexpr tag_t tag_report = 1, tag_response = 2, tag_timeline = 3;
 
 class engine_core {
  public:
-  engine_core(communicator& parent, config cfg, log_sink log)
+  engine_core(communicator& parent, config cfg, log_sink log, device_backend* device)
       : comm_(std::move(*parent.split(0, parent.rank()))),
         cfg_(std::move(cfg)),
         log_(std::move(log)),
+        device_(device),
         origin_(clock::now()) {
     if (!log_) {
       log_ = [rank = comm_.rank()](std::string_view line) {
@@ -183,6 +196,7 @@ class engine_core {
 
   communicator& comm() noexcept { return comm_; }
   const config& settings() const noexcept { return cfg_; }
+  device_backend* device() const noexcept { return device_; }
 
   handle submit(std::string name, collective_kind kind, dtype type, reduce_op op, int root,
                 std::span<const std::byte> in, std::span<std::byte> out, std::size_t count, completion_callback done) {
@@ -192,8 +206,33 @@ class engine_core {
     entry->in = in;
     entry->out = out;
     entry->done = std::move(done);
+    return enqueue(std::move(entry));
+  }
+
+  handle submit_device(std::string name, collective_kind kind, dtype type, reduce_op op, int root, const void* in,
+                       void* out, std::size_t count, std::size_t out_capacity, device_marker ready,
+                       completion_callback done) {
+    if (!device_)
+      throw usage_error("[rank " + std::to_string(comm_.rank()) + "] engine: " + std::string(name_of(kind)) + " \"" +
+                        name +
+                        "\" is a device tensor, but this engine has no device backend (build the engine with "
+                        "one: flexpar::cuda::engine_backend)");
+    auto entry = std::make_shared<engine_entry>();
+    entry->name = std::move(name);
+    entry->desc = description{kind, type, op, root, count, memory_kind::cuda};
+    entry->device_in = in;
+    entry->device_out = out;
+    entry->out_capacity = out_capacity;
+    entry->ready = std::move(ready);
+    entry->backend = device_;
+    entry->done = std::move(done);
+    return enqueue(std::move(entry));
+  }
+
+  handle enqueue(std::shared_ptr<engine_entry> entry) {
     entry->default_timeout = cfg_.timeout;
     entry->submitted = clock::now();
+    const collective_kind kind = entry->desc.kind;
     handle h(entry);
     std::exception_ptr refuse;
     bool wake = false;
@@ -262,8 +301,15 @@ class engine_core {
           // (a burst of gradients is fused into one batch, a lone tensor waits little).
           std::unique_lock lock(mutex_);
           sleeping_ = true;
-          wake_.wait_until(lock, next,
-                           [&] { return !fresh_.empty() || shutdown_requested_ || (join_requested_ && !joined_); });
+          // While device responses are in flight, wake every poll interval to complete them.
+          while (!wake_.wait_until(lock, in_flight_.empty() ? next : std::min(next, clock::now() + device_poll), [&] {
+            return !fresh_.empty() || shutdown_requested_ || (join_requested_ && !joined_);
+          })) {
+            if (clock::now() >= next) break;
+            lock.unlock();
+            poll_device();
+            lock.lock();
+          }
           const auto quiet = cfg_.cycle_time / 20;
           for (std::size_t seen = fresh_.size(); seen > 0 && clock::now() < next;) {
             wake_.wait_until(lock, std::min(next, clock::now() + quiet), [&] { return shutdown_requested_; });
@@ -277,7 +323,9 @@ class engine_core {
           if (join_requested_) joined_ = true;
         }
         if (cycle(fresh, shutting_down)) break;
+        poll_device();
       }
+      drain_device(std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout));
       fail_everything(std::make_exception_ptr(usage_error("engine shut down before every rank submitted this tensor")));
       if (timeline_)
         timeline_->gather_and_write(comm_.transport(), tag_timeline, 0, cfg_.timeline_path, comm_.default_deadline());
@@ -390,7 +438,8 @@ class engine_core {
     if (it == cache_slot_.end()) return std::nullopt;
     const cache_entry& c = cache_[it->second];
     const bool same = c.desc.kind == e.desc.kind && c.desc.type == e.desc.type && c.desc.op == e.desc.op &&
-                      c.desc.root == e.desc.root && c.counts[static_cast<std::size_t>(comm_.rank())] == e.desc.count;
+                      c.desc.root == e.desc.root && c.desc.memory == e.desc.memory &&
+                      c.counts[static_cast<std::size_t>(comm_.rank())] == e.desc.count;
     return same ? std::optional(it->second) : std::nullopt;
   }
 
@@ -594,6 +643,10 @@ class engine_core {
     if (auto m = differs(
             "dtype", [](const description& d) { return d.type; }, [](dtype x) { return std::string(name_of(x)); }))
       return fail(error_kind::mismatch, *m);
+    if (auto m = differs(
+            "memory", [](const description& d) { return d.memory; },
+            [](memory_kind k) { return std::string(name_of(k)); }))
+      return fail(error_kind::mismatch, *m);
     if (first.kind != collective_kind::allgather)
       if (auto m = differs(
               "count", [](const description& d) { return d.count; }, [](std::uint64_t c) { return std::to_string(c); }))
@@ -655,7 +708,7 @@ class engine_core {
         std::size_t bytes = r.counts[0] * size_of(r.desc.type);
         while (j < list.size() && list[j].type != response_type::error &&
                list[j].desc.kind == collective_kind::allreduce && list[j].desc.type == r.desc.type &&
-               list[j].desc.op == r.desc.op &&
+               list[j].desc.op == r.desc.op && list[j].desc.memory == r.desc.memory &&
                bytes + list[j].counts[0] * size_of(r.desc.type) <= cfg_.fusion_threshold) {
           bytes += list[j].counts[0] * size_of(r.desc.type);
           ++j;
@@ -694,6 +747,7 @@ class engine_core {
         pending_.erase(it);
       }
     }
+    if (group.front().desc.memory == memory_kind::cuda) return run_device_group(group, std::move(entries));
     const clock::time_point begin = clock::now();
     const response& first = group.front();
     const dtype type = first.desc.type;
@@ -759,6 +813,137 @@ class engine_core {
     complete_all(entries, failure, counts);
     // A collective that failed (not just one handle's output) leaves the ranks out of step: stop.
     if (failure && !local) std::rethrow_exception(failure);
+  }
+
+  // ---- device responses (desc.memory == cuda) ----------------------------------------------------
+
+  /// A device response in flight: its handles complete when the backend says its marker is done.
+  struct device_flight {
+    std::vector<std::shared_ptr<engine_entry>> entries;  // null where this rank has joined
+    std::vector<std::size_t> result_counts;
+    std::vector<std::exception_ptr> local;  // a failure of one handle (its output too small)
+    device_marker end;
+    std::string path;
+  };
+
+  /// How often the background thread asks whether device responses have finished.
+  static constexpr std::chrono::microseconds device_poll{50};
+
+  /// Hands one device response (a fused run of allreduces, or one collective) to the backend after
+  /// every tensor's producer; its handles complete in poll_device(). A rank that has joined takes part
+  /// with the identity (allreduce) or into scratch (broadcast). An output too small for the result
+  /// makes the backend write into scratch and fails only that handle, so that the ranks stay in step.
+  void run_device_group(std::span<response> group, std::vector<std::shared_ptr<engine_entry>> entries) {
+    const std::size_t me = static_cast<std::size_t>(comm_.rank());
+    const response& first = group.front();
+    if (!device_)
+      throw usage_error("[rank " + std::to_string(comm_.rank()) + "] engine: " + std::string(name_of(first.desc.kind)) +
+                        " \"" + first.name +
+                        "\" runs on device memory on the other ranks, but this rank's engine has no device backend");
+    device_flight flight;
+    std::vector<device_item> items;
+    const std::size_t p = static_cast<std::size_t>(comm_.size());
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const std::size_t count = group[k].counts[me];
+      std::size_t result = count;
+      if (first.desc.kind == collective_kind::allgather) {
+        result = 0;
+        for (auto c : group[k].counts) result += c;
+      } else if (first.desc.kind == collective_kind::reduce_scatter) {
+        result = count / p + (me < count % p ? 1 : 0);
+      }
+      flight.result_counts.push_back(group.size() > 1 ? count : result);
+      flight.local.emplace_back();
+      const auto& e = entries[k];
+      if (!e) {
+        items.push_back({nullptr, nullptr, count, nullptr});
+        continue;
+      }
+      void* out = e->device_out;
+      if (first.desc.kind != collective_kind::allreduce && first.desc.kind != collective_kind::broadcast &&
+          e->out_capacity < result) {
+        flight.local.back() = std::make_exception_ptr(
+            usage_error("[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(first.desc.kind)) + " \"" +
+                        e->name + "\": the output holds " + std::to_string(e->out_capacity) +
+                        " elements but the result has " + std::to_string(result)));
+        out = nullptr;  // the backend writes into scratch
+      }
+      items.push_back({static_cast<const std::byte*>(e->device_in), static_cast<std::byte*>(out), count, e->ready});
+    }
+    const clock::time_point begin = clock::now();
+    try {
+      flight.end = device_->run(first.desc.kind, first.desc.type, first.desc.op, first.desc.root, items, first.counts,
+                                flight.path);
+    } catch (...) {
+      const std::exception_ptr failure = std::current_exception();
+      complete_all(entries, failure, flight.result_counts);
+      throw;  // the ranks are out of step: the engine stops
+    }
+    for (const auto& e : entries) {
+      if (!e) continue;
+      {
+        std::lock_guard lock(e->mutex);
+        e->end = flight.end;
+        e->enqueued = true;
+        e->exec_begin = begin;
+      }
+      e->finished_cv.notify_all();
+    }
+    {
+      std::lock_guard lock(stats_mutex_);
+      ++stats_.collectives;
+      if (group.size() > 1) ++stats_.fused_collectives;
+    }
+    flight.entries = std::move(entries);
+    in_flight_.push_back(std::move(flight));
+  }
+
+  /// Completes the device responses whose GPU work has finished (in order: a stream runs in order).
+  void poll_device() {
+    while (!in_flight_.empty()) {
+      device_flight& f = in_flight_.front();
+      bool finished = false;
+      std::exception_ptr failure;
+      try {
+        finished = device_->done(f.end);
+      } catch (...) {
+        failure = std::current_exception();
+        finished = true;
+      }
+      if (!finished) return;
+      const clock::time_point now = clock::now();
+      if (timeline_ && !failure) {
+        const device_phases ph = device_->phases(f.end);
+        auto before = [&](clock::time_point t, float ms) {
+          return t - std::chrono::duration_cast<clock::duration>(std::chrono::duration<double, std::milli>(ms));
+        };
+        for (const auto& e : f.entries) {
+          if (!e) continue;
+          e->copied_out = now;
+          e->reduced = before(now, ph.copy_out);
+          e->copied_in = before(e->reduced, ph.collective);
+          e->exec_begin = std::min(e->exec_begin, before(e->copied_in, ph.copy_in));
+          record(*e, f.entries.size(), "cuda " + f.path);
+        }
+      }
+      for (std::size_t k = 0; k < f.entries.size(); ++k) {
+        if (!f.entries[k]) continue;
+        const std::exception_ptr error = failure ? failure : f.local[k];
+        complete_all(std::span(&f.entries[k], 1), error, std::span(&f.result_counts[k], 1));
+      }
+      in_flight_.pop_front();
+      if (failure) std::rethrow_exception(failure);
+    }
+  }
+
+  /// At the end: waits (at most `bound`) for the device responses in flight, so that no handle
+  /// completes while the GPU may still write its output.
+  void drain_device(std::chrono::milliseconds bound) {
+    const deadline until = deadline_after(bound);
+    while (!in_flight_.empty() && clock::now() < until) {
+      poll_device();
+      if (!in_flight_.empty()) std::this_thread::sleep_for(device_poll);
+    }
   }
 
   /// A response that runs on its own, in place (no fusion-buffer copies).
@@ -869,6 +1054,15 @@ class engine_core {
       if (e && e->done) e->done(handle(e), error);
   }
 
+  /// drain_device for a failing engine: a second error while waiting changes nothing.
+  void drain_device_quietly() {
+    try {
+      drain_device(std::min<std::chrono::milliseconds>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout), std::chrono::seconds(10)));
+    } catch (...) {
+    }
+  }
+
   void fail_everything(std::exception_ptr error) {
     std::deque<std::shared_ptr<engine_entry>> fresh;
     {
@@ -877,6 +1071,11 @@ class engine_core {
       fresh.swap(fresh_);
     }
     join_cv_.notify_all();
+    drain_device_quietly();
+    for (auto& f : in_flight_)
+      for (const auto& e : f.entries)
+        if (e) complete(e, error, 0);
+    in_flight_.clear();
     for (auto& [name, e] : pending_) complete(e, error, 0);
     pending_.clear();
     for (auto& e : fresh) complete(e, error, 0);
@@ -885,6 +1084,7 @@ class engine_core {
   communicator comm_;
   config cfg_;
   log_sink log_;
+  device_backend* device_ = nullptr;
   clock::time_point origin_;
   std::optional<timeline> timeline_;
 
@@ -908,6 +1108,7 @@ class engine_core {
   std::unordered_map<std::string, std::uint32_t> cache_slot_;
   bool joined_ = false;
   std::vector<std::byte> fusion_, scratch_;
+  std::deque<device_flight> in_flight_;  // device responses enqueued, not yet finished
 
   // coordinator only
   std::unordered_map<std::string, table_entry> table_;  // completion order comes from table_entry::order
@@ -949,6 +1150,24 @@ std::size_t handle::result_count() const {
                                                                              : entry_->desc.count;
 }
 
+memory_kind handle::memory() const { return entry_ ? entry_->desc.memory : memory_kind::host; }
+
+void handle::order_after(void* stream) const {
+  if (!entry_) return;
+  if (entry_->desc.memory != memory_kind::cuda)
+    throw usage_error("handle::order_after: " + std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
+                      "\" is a host tensor; wait() for it");
+  std::unique_lock lock(entry_->mutex);
+  if (!entry_->finished_cv.wait_until(lock, deadline_after(entry_->default_timeout),
+                                      [&] { return entry_->enqueued || entry_->finished; }))
+    throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
+                        "\" was not enqueued on the device before its deadline");
+  if (!entry_->enqueued && entry_->error) std::rethrow_exception(entry_->error);
+  const device_marker end = entry_->end;
+  lock.unlock();
+  if (end) entry_->backend->order_after(end, stream);
+}
+
 const std::string& handle::name() const {
   static const std::string none;
   return entry_ ? entry_->name : none;
@@ -956,7 +1175,7 @@ const std::string& handle::name() const {
 
 // ---- engine --------------------------------------------------------------------------------------
 
-engine::engine(communicator& comm, std::optional<config> cfg, log_sink log) {
+engine::engine(communicator& comm, std::optional<config> cfg, log_sink log, device_backend* device) {
   if (comm.mpi_comm() != MPI_COMM_NULL && comm.transport().kind() == transport_kind::mpi) {
     int provided = MPI_THREAD_SINGLE;
     MPI_Query_thread(&provided);
@@ -966,7 +1185,7 @@ engine::engine(communicator& comm, std::optional<config> cfg, log_sink log) {
           "MPI_THREAD_MULTIPLE; initialize MPI with MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, "
           "&provided) (or use FLEXPAR_TRANSPORT=ucx)");
   }
-  core_ = std::make_unique<detail::engine_core>(comm, cfg ? *cfg : comm.settings(), std::move(log));
+  core_ = std::make_unique<detail::engine_core>(comm, cfg ? *cfg : comm.settings(), std::move(log), device);
 }
 
 engine::~engine() = default;
@@ -983,6 +1202,15 @@ void engine::check_bytes(std::string_view op, const std::string& name, std::size
     throw usage_error("engine: " + std::string(op) + " \"" + name + "\": a buffer of " + std::to_string(bytes) +
                       " bytes cannot hold " + std::to_string(count) + " " + std::string(name_of(type)) + " elements");
 }
+
+handle engine::submit_device(std::string name, collective_kind kind, dtype type, reduce_op op, int root, const void* in,
+                             void* out, std::size_t count, std::size_t out_capacity, device_marker ready,
+                             completion_callback done) {
+  return core_->submit_device(std::move(name), kind, type, op, root, in, out, count, out_capacity, std::move(ready),
+                              std::move(done));
+}
+
+device_backend* engine::device() const noexcept { return core_->device(); }
 
 int engine::join() { return core_->join(); }
 int engine::rank() const noexcept { return core_->comm().rank(); }

@@ -76,6 +76,12 @@ void scale_for_average(device_span<T> data, int ranks, cudaStream_t s);
 template <element T>
 void fill(device_span<T> data, T value, cudaStream_t s);
 
+/// out[i] = to(factor * from(in[i])) on `s`: the value widened to its accumulation type, multiplied
+/// by `factor` in double, narrowed to the output's accumulation type and rounded once to the output
+/// type, as the host's gradient_sync scales and decompresses. Pairs: any type to itself (in == out
+/// allowed), f32 to and from f16 and bf16. @throws usage_error for another pair.
+void convert(dtype from, const void* in, dtype to, void* out, std::size_t count, double factor, cudaStream_t s);
+
 /// Type-erased reduce_into for code that holds a dtype and raw device bytes (fusion buffers).
 /// @pre dst and src hold `count` elements of `t`.
 void reduce_into(dtype t, void* dst, const void* src, std::size_t count, reduce_op op, cudaStream_t s);

@@ -63,6 +63,18 @@ class device_backend {
   [[nodiscard]] virtual device_phases phases(const device_marker& m) = 0;
   /// Makes `stream` (a cudaStream_t) wait on the device, without blocking the host, for `m`.
   virtual void order_after(const device_marker& m, void* stream) = 0;
+
+  // ---- what the gradient sync needs on device tensors (flexpar/engine/gradient_sync.hpp) ----------
+
+  /// Enqueues on `stream`: out[i] = to(factor * from(in[i])) for `count` elements, computed in float
+  /// for f16/bf16/f32 (double for f64, the accumulation type for integers) and rounded once; `in` and
+  /// `out` may be the same when the types are. Supported: any type to itself (a scaling), and f32 to
+  /// and from f16 and bf16 (wire compression).
+  /// @throws usage_error for another pair of types.
+  virtual void convert(dtype from, const void* in, dtype to, void* out, std::size_t count, double factor,
+                       void* stream) = 0;
+  /// Device memory of `bytes` bytes (a wire buffer), freed when the last copy of the pointer goes.
+  [[nodiscard]] virtual std::shared_ptr<void> allocate(std::size_t bytes) = 0;
 };
 
 }  // namespace flexpar

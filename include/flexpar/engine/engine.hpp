@@ -26,6 +26,11 @@
 //     packed into the fusion buffer (up to `fusion_threshold` bytes), reduced with one collective,
 //     and unpacked; the others run one by one. Handles complete (callbacks run on the background
 //     thread); errors complete the handle of that tensor on every rank that submitted it.
+//     Device tensors (memory_kind::cuda, flexpar/cuda/engine.hpp) take the same steps; their
+//     description carries the memory kind (ranks must agree), a fused run never mixes the kinds, and
+//     a device response is handed to the device backend, which runs it on the GPU after its producers'
+//     stream positions; its handles complete when the GPU is done (the background thread polls), and
+//     handle::order_after() orders a stream after it without waiting on the host.
 //  6. Every rank enters each newly run description into its response cache at the same slot
 //     (slots are given in response order, so every cache agrees without a message).
 // A rank that reaches no coordinator (or a coordinator that misses a rank's report) before
@@ -48,7 +53,9 @@
 #include <flexpar/core/config.hpp>
 #include <flexpar/core/dtype.hpp>
 #include <flexpar/core/error.hpp>
+#include <flexpar/core/memory.hpp>
 #include <flexpar/core/reduce_op.hpp>
+#include <flexpar/engine/device_backend.hpp>
 
 namespace flexpar {
 
@@ -79,6 +86,13 @@ class handle {
   [[nodiscard]] std::size_t result_count() const;
   /// The tensor's name as submitted.
   [[nodiscard]] const std::string& name() const;
+  /// Where the tensor lives (memory_kind::cuda for a device tensor, flexpar/cuda/engine.hpp).
+  [[nodiscard]] memory_kind memory() const;
+  /// For a device tensor: waits (on the host, with the engine's timeout) until its collective has been
+  /// enqueued on the device, then makes `stream` (a cudaStream_t) wait, on the device, for its end:
+  /// work enqueued on `stream` afterwards sees the result, and the host waits for nothing more.
+  /// @throws the collective's error when it failed before it was enqueued; usage_error for a host tensor.
+  void order_after(void* stream) const;
 
  private:
   friend class detail::engine_core;
@@ -100,7 +114,10 @@ class engine {
   /// mixes with yours), starts the background thread. `cfg` defaults to the communicator's settings.
   /// @throws usage_error when `comm` runs on MPI and MPI provides less than MPI_THREAD_MULTIPLE
   ///         (the background thread calls MPI while your threads may too).
-  explicit engine(communicator& comm, std::optional<config> cfg = std::nullopt, log_sink log = {});
+  /// `device` (optional; it must outlive the engine) runs the collectives of device tensors:
+  /// flexpar::cuda::engine_backend. Every rank of an engine that runs device tensors needs one.
+  explicit engine(communicator& comm, std::optional<config> cfg = std::nullopt, log_sink log = {},
+                  device_backend* device = nullptr);
   /// Collective: waits until every rank is shutting down, then stops the background thread. Pending
   /// handles of tensors that never became ready on every rank fail with "engine shut down".
   ~engine();
@@ -158,6 +175,19 @@ class engine {
     return submit(std::move(name), collective_kind::broadcast, type, reduce_op::sum, root, data, data, count,
                   std::move(done));
   }
+
+  /// The type-erased submission of a device tensor, behind flexpar/cuda/engine.hpp's typed functions:
+  /// `in` and `out` are device addresses (`count` input elements; `out_capacity` output elements),
+  /// `ready` the position of its producer's stream (device_backend::capture). The same rules as the
+  /// host forms; every rank must submit the tensor as a device tensor (a host tensor of the same name
+  /// elsewhere is a mismatch), and a fused response holds only device tensors.
+  /// @throws usage_error when this engine has no device backend.
+  handle submit_device(std::string name, collective_kind kind, dtype type, reduce_op op, int root, const void* in,
+                       void* out, std::size_t count, std::size_t out_capacity, device_marker ready,
+                       completion_callback done = {});
+
+  /// The device backend the engine was built with, or null.
+  [[nodiscard]] device_backend* device() const noexcept;
 
   /// For uneven data: this rank has no more tensors. Until every rank has joined, it contributes
   /// the identity of the op (zeros for sum/avg) to the others' allreduces and receives their
