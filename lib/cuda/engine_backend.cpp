@@ -2,6 +2,7 @@
 #include <flexpar/cuda/engine.hpp>
 
 #include <algorithm>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@ namespace {
 /// of its phases (begin, after the copy in, after the collective, end).
 struct marker {
   event end{false};
+  cudaStream_t origin = nullptr;  // the stream it was recorded on (capture) or the backend's
+  std::uint64_t sequence = 0;     // order of recording on that stream
   bool timed = false;
   event t0{true}, t1{true}, t2{true}, t3{true};
 };
@@ -47,10 +50,28 @@ struct engine_backend::state {
     if (b.size() < bytes) b = device_buffer<std::byte>(std::max(bytes, b.size() * 2));
     return b.data();
   }
-  /// My stream waits for every item's producer.
+  std::uint64_t sequence = 0;  // markers made so far (capture and run)
+  std::mutex capture_mutex;    // capture() comes from the submitting threads
+  // the last marker each caller's stream was ordered after (order_after of the handles of one fused
+  // run share their marker: one stream wait serves them all)
+  std::vector<std::pair<cudaStream_t, marker*>> ordered;
+  std::mutex ordered_mutex;
+
+  /// My stream waits for every item's producer: for each producing stream only for its latest
+  /// position among the items (a stream runs in order), so a fused run of many gradients of one
+  /// backward pass costs one stream wait, not one per gradient.
   void wait_for(std::span<const device_item> items) {
-    for (const device_item& item : items)
-      if (item.ready) stream_wait(own, of(item.ready).end);
+    std::vector<marker*> latest;
+    for (const device_item& item : items) {
+      if (!item.ready) continue;
+      marker& m = of(item.ready);
+      auto it = std::find_if(latest.begin(), latest.end(), [&](marker* k) { return k->origin == m.origin; });
+      if (it == latest.end())
+        latest.push_back(&m);
+      else if ((*it)->sequence < m.sequence)
+        *it = &m;
+    }
+    for (marker* m : latest) stream_wait(own, m->end);
   }
   void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes == 0 || dst == src) return;
@@ -76,7 +97,10 @@ engine_backend::~engine_backend() {
 device_marker engine_backend::capture(void* stream) {
   const device_guard on(s_->gpu->device());
   auto m = std::make_shared<marker>();
-  m->end.record(static_cast<cudaStream_t>(stream));
+  m->origin = static_cast<cudaStream_t>(stream);
+  std::lock_guard lock(s_->capture_mutex);  // the sequence follows the order of the records
+  m->end.record(m->origin);
+  m->sequence = ++s_->sequence;
   return m;
 }
 
@@ -92,15 +116,37 @@ device_marker engine_backend::run(collective_kind kind, dtype type, reduce_op op
   const auto me = static_cast<std::size_t>(gpu.rank());
   auto m = std::make_shared<marker>();
   m->timed = true;
+  m->origin = s.own;
+  {
+    std::lock_guard lock(s.capture_mutex);
+    m->sequence = ++s.sequence;
+  }
+  std::size_t total = 0;
+  for (const device_item& item : items) total += item.count;
+  // Tensors that lie back to back in one buffer, each in place (a flat gradient buffer cut into
+  // parameters): reduced where they lie, as one tensor, without the copies through the fusion buffer.
+  bool contiguous = kind == collective_kind::allreduce && items.size() > 1;
+  for (std::size_t k = 0; contiguous && k < items.size(); ++k)
+    contiguous = items[k].in && items[k].in == items[k].out &&
+                 (k == 0 || items[k].in == items[k - 1].in + items[k - 1].count * e);
+  std::byte* fused = kind == collective_kind::allreduce && items.size() > 1 && !contiguous
+                         ? s.grown(s.fusion, total * e)
+                         : nullptr;  // allocated before the timing starts
   s.wait_for(items);
   m->t0.record(s.own);
   auto collective_done = [&] { m->t2.record(s.own); };
 
-  if (kind == collective_kind::allreduce && (items.size() > 1 || !items[0].in)) {
+  if (contiguous) {
+    m->t1.record(s.own);
+    path = std::string(name_of(gpu.choose("allreduce", total * e).path));
+    visit_dtype(type, [&](auto zero) {
+      using T = decltype(zero);
+      gpu.allreduce(typed<T>(const_cast<std::byte*>(items[0].in), total), op, s.own);
+    });
+    collective_done();
+  } else if (kind == collective_kind::allreduce && (items.size() > 1 || !items[0].in)) {
     // fused, or a joined rank's identity: pack, reduce, unpack
-    std::size_t total = 0;
-    for (const device_item& item : items) total += item.count;
-    std::byte* fused = s.grown(s.fusion, total * e);
+    if (!fused) fused = s.grown(s.fusion, total * e);
     std::vector<copy_region> in, out;
     std::size_t at = 0;
     for (const device_item& item : items) {
@@ -244,7 +290,18 @@ device_phases engine_backend::phases(const device_marker& m) {
 
 void engine_backend::order_after(const device_marker& m, void* stream) {
   const device_guard on(s_->gpu->device());
-  stream_wait(static_cast<cudaStream_t>(stream), of(m).end);
+  const auto caller = static_cast<cudaStream_t>(stream);
+  marker& k = of(m);
+  {
+    std::lock_guard lock(s_->ordered_mutex);
+    auto it = std::find_if(s_->ordered.begin(), s_->ordered.end(), [&](const auto& o) { return o.first == caller; });
+    if (it != s_->ordered.end() && it->second == &k) return;  // this stream already waits for it
+    if (it == s_->ordered.end())
+      s_->ordered.emplace_back(caller, &k);
+    else
+      it->second = &k;
+  }
+  stream_wait(caller, k.end);
 }
 
 void engine_backend::convert(dtype from, const void* in, dtype to, void* out, std::size_t count, double factor,

@@ -693,29 +693,35 @@ class engine_core {
 
   // ---- step 5: running the responses ----------------------------------------------------------
 
+  /// Step 5 on every rank. Each allreduce gathers the later allreduces of the list that share its
+  /// dtype, op and memory kind, in list order, while they fit the fusion buffer: one fused run per
+  /// kind, whatever else the list interleaves (host and device gradients, two dtypes). Every rank
+  /// walks the same list the same way, so the runs and their order agree.
   void execute(std::vector<response>& list, clock::time_point responded) {
-    std::size_t i = 0;
-    while (i < list.size()) {
-      response& r = list[i];
+    std::vector<bool> taken(list.size(), false);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (taken[i]) continue;
+      const response& r = list[i];
       if (r.type == response_type::error) {
         fail_one(r);
-        ++i;
         continue;
       }
-      // Step 5: gather the run of allreduces that share dtype and op and fit the fusion buffer.
-      std::size_t j = i + 1;
+      std::vector<response> group{r};
       if (r.desc.kind == collective_kind::allreduce && cfg_.fusion_threshold > 0) {
         std::size_t bytes = r.counts[0] * size_of(r.desc.type);
-        while (j < list.size() && list[j].type != response_type::error &&
-               list[j].desc.kind == collective_kind::allreduce && list[j].desc.type == r.desc.type &&
-               list[j].desc.op == r.desc.op && list[j].desc.memory == r.desc.memory &&
-               bytes + list[j].counts[0] * size_of(r.desc.type) <= cfg_.fusion_threshold) {
-          bytes += list[j].counts[0] * size_of(r.desc.type);
-          ++j;
+        for (std::size_t j = i + 1; j < list.size(); ++j) {
+          const response& q = list[j];
+          if (taken[j] || q.type == response_type::error || q.desc.kind != collective_kind::allreduce ||
+              q.desc.type != r.desc.type || q.desc.op != r.desc.op || q.desc.memory != r.desc.memory)
+            continue;
+          const std::size_t more = q.counts[0] * size_of(q.desc.type);
+          if (bytes + more > cfg_.fusion_threshold) continue;
+          bytes += more;
+          group.push_back(q);
+          taken[j] = true;
         }
       }
-      run_group(std::span(list).subspan(i, j - i), responded);
-      i = j;
+      run_group(group, responded);
     }
   }
 

@@ -134,7 +134,10 @@ TEST(EngineDevice, TheTimelineNamesTheDevicePath) {
   std::ifstream in(file);
   std::stringstream text;
   text << in.rdbuf();
-  EXPECT_NE(text.str().find("\"cuda ipc\""), std::string::npos) << text.str().substr(0, 2000);
+  // the path by cost: ipc or staged for two thread ranks sharing the GPU
+  EXPECT_TRUE(text.str().find("\"cuda ipc\"") != std::string::npos ||
+              text.str().find("\"cuda staged\"") != std::string::npos)
+      << text.str().substr(0, 2000);
   EXPECT_NE(text.str().find("ALLREDUCE"), std::string::npos);
 }
 
