@@ -7,7 +7,8 @@
 // row per flexpar algorithm and one `mpi` row: the median over iterations of the slowest rank's
 // time, algbw = size / time, busbw = algbw * the nccl-tests factor (allreduce 2(p-1)/p;
 // reduce_scatter, allgather, alltoall (p-1)/p; broadcast, reduce 1), #wrong (elements that differ
-// from the exact answer after one more verified call) and vs_mpi = time(mpi) / time (busbw / busbw(mpi)
+// from the exact answer after one more call, untimed, summed over the ranks; the exit status is 1
+// when any row's is not 0) and vs_mpi = time(mpi) / time (busbw / busbw(mpi)
 // where busbw is defined; on one rank it is 0 for the gathers). A second table gives
 // the references of the same run: the single-thread `a[i] += b[i]` and memcpy bandwidth of rank 0,
 // and the point-to-point bandwidth between ranks 0 and 1 (flexpar transport, streamed isends).
@@ -300,8 +301,10 @@ double p2p_bandwidth(communicator& comm, std::size_t bytes, int iterations) {
 #if FLEXPAR_HAVE_CUDA
 /// Runs the device collectives (in place for allreduce and broadcast; allgather and reduce_scatter out of
 /// place into a second device buffer, compared in flexpar's in-place layout) and prints their rows.
-void run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::size_t min_bytes, std::size_t max_bytes,
-                  int factor, int warmup, int iterations, bool check) {
+/// Returns the sum over rows and ranks of #wrong.
+long long run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::size_t min_bytes,
+                       std::size_t max_bytes, int factor, int warmup, int iterations, bool check) {
+  long long total_wrong = 0;
   namespace fc = flexpar::cuda;
   const int p = comm.size(), me = comm.rank();
   const int devices = fc::device_count();
@@ -388,7 +391,16 @@ void run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::s
         rows.push_back({std::string(fc::name_of(path)), t, wrong});
       }
       fill(s);
-      rows.push_back({"mpi(host)", time_median(comm.mpi_comm(), warmup, iterations, [&] { run_mpi(s); }), 0});
+      const double mpi_time = time_median(comm.mpi_comm(), warmup, iterations, [&] { run_mpi(s); });
+      long long mpi_wrong = 0;
+      if (check) {  // one more call of MPICH's collective on a fresh host buffer, verified like the others
+        fill(s);
+        run_mpi(s);
+        mpi_wrong = count_wrong(s);
+        FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &mpi_wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()));
+      }
+      rows.push_back({"mpi(host)", mpi_time, mpi_wrong});
+      for (const row& r : rows) total_wrong += r.wrong;
       // the reference of the same run: a device-to-device copy of the same bytes on rank 0's GPU
       const double copy = time_median(comm.mpi_comm(), warmup, iterations, [&] {
         fc::copy_async(other.span().first(count), fc::device_span<const float>(data.data(), count), stream);
@@ -396,7 +408,6 @@ void run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::s
       });
       if (me == 0) {
         const double size = static_cast<double>(count * sizeof(float));
-        const double mpi_time = rows.back().time;
         for (const row& r : rows) {
           const double algbw = size / r.time / 1e9, busbw = algbw * bus_factor(c, p);
           // MPICH's time over this path's: the ratio of their busbw where that is defined, and still
@@ -411,6 +422,7 @@ void run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::s
       }
     }
   }
+  return total_wrong;
 }
 #endif
 
@@ -458,10 +470,11 @@ int main(int argc, char** argv) {
       asked.push_back(algorithm_names.at(name));
     }
     const std::size_t min_bytes = parse_size(min_text), max_bytes = parse_size(max_text);
+    long long total_wrong = 0;  // over every row and rank: the exit status is 1 unless it is 0
     bool gpu_mode_done = false;
     if (gpu_mode) {
 #if FLEXPAR_HAVE_CUDA
-      run_gpu_mode(comm, ops, min_bytes, max_bytes, factor, warmup, iterations, check != 0);
+      total_wrong = run_gpu_mode(comm, ops, min_bytes, max_bytes, factor, warmup, iterations, check != 0);
       std::fflush(stdout);
       gpu_mode_done = true;
 #else
@@ -507,6 +520,7 @@ int main(int argc, char** argv) {
               FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()));
             }
             rows.push_back({label, t, wrong});
+            total_wrong += wrong;
           };
           for (algorithm a : algorithms_for(c, asked, comm)) {
             std::string label(flexpar::name_of(a));
@@ -546,6 +560,9 @@ int main(int argc, char** argv) {
         FLEXPAR_CHECK_MPI(MPI_Barrier(comm.mpi_comm()));
       }
     }
+    if (check && me == 0)
+      std::printf("# verified: one more call per row against the exact answer, %lld wrong in all\n", total_wrong);
+    if (total_wrong != 0) exit_code = 1;
     std::fflush(stdout);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flexpar_perf: %s\n", e.what());

@@ -54,6 +54,11 @@ TEST_P(engine_inproc, gradient_sync_average_and_sum_with_and_without_fp16) {
   });
 }
 
+TEST_P(engine_inproc, gradient_sync_fp16_rounds_what_half_cannot_hold) {
+  run_in_process(GetParam(),
+                 [](communicator& comm) { testing_support::gradient_sync_fp16_rounds(comm, test_config()); });
+}
+
 INSTANTIATE_TEST_SUITE_P(world, engine_inproc, ::testing::Values(1, 2, 3, 4, 5),
                          [](const auto& info) { return std::string("p").append(std::to_string(info.param)); });
 

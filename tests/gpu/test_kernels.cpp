@@ -54,17 +54,12 @@ std::vector<T> random_of(std::size_t n, std::uint64_t seed) {
 
 template <class T>
 fc::device_buffer<T> upload(const std::vector<T>& host, fc::stream& s) {
-  fc::device_buffer<T> d(host.size());
-  fc::copy_async(d.span(), std::span<const T>(host), s);
-  return d;
+  return fc::to_device(std::span<const T>(host), s);
 }
 
 template <class T>
 std::vector<T> download(fc::device_span<const T> d, fc::stream& s) {
-  std::vector<T> host(d.size());
-  fc::copy_async(std::span<T>(host), d, s);
-  fc::synchronize(s, 60s, "download");
-  return host;
+  return fc::to_host(d, s, 60s, "download");
 }
 
 template <class T>
