@@ -3,12 +3,16 @@
 // momentum and cosine schedule, with the forward and backward passes on the device (cuBLAS GEMMs,
 // flexpar's kernels) and the gradients averaged by a device collective of flexpar's
 // (cuda::device_communicator: NCCL where every rank has a GPU of its own, the CUDA IPC path where
-// ranks share one, staged through host memory otherwise; `--path` picks one).
+// ranks share one, staged through host memory otherwise; `--path` picks one), or by Horovod's way:
+// a gradient_sync over the engine with a device backend (`--sync engine`), each layer's gradients
+// reduced while the backward pass of the layers below it still runs, optionally as bfloat16 on the
+// wire (`--wire bf16`).
 //
 //   mpiexec.mpich -n 2 build/samples/fashion_mnist_gpu --epochs 10
+//   mpiexec.mpich -n 2 build/samples/fashion_mnist_gpu --epochs 10 --sync engine --wire bf16
 //
 // Each rank keeps its shard of the data set on its GPU and gathers every batch there; all gradients
-// are one device buffer, reduced by one allreduce per step. One line per epoch (loss, accuracies,
+// are one device buffer, reduced by one allreduce per step (`--sync collective`) or per layer. One line per epoch (loss, accuracies,
 // median step time), then the final test accuracy and a check that every rank holds the same weights.
 // Exit status: 0, 1 (an error, or --min-accuracy not met), 2 (bad command line), 77 (no data set or no
 // GPU: ctest counts it as skipped).
@@ -24,12 +28,14 @@
 #include <cstring>
 #include <exception>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/cuda/collective.hpp>
+#include <flexpar/cuda/engine.hpp>
 #include <flexpar/cuda/nn.hpp>
 
 #include "support/fashion_mnist.hpp"
@@ -43,6 +49,8 @@ namespace fc = flexpar::cuda;
 
 struct settings : fm::training_settings {
   std::string path = "automatic";
+  std::string sync = "collective";
+  std::string wire = "none";
 };
 
 fc::device_path path_of(const std::string& name) {
@@ -109,14 +117,40 @@ int train(const settings& opt) {
   fc::device_buffer<fc::score_sums> sums(1);
   fc::pinned_buffer<fc::score_sums> sums_host(1);
 
+  // --sync engine: the engine negotiates and fuses per-layer gradients as the backward pass queues them
+  const bool by_engine = opt.sync == "engine";
+  std::optional<fc::engine_backend> backend;
+  std::optional<flexpar::engine> eng;
+  std::optional<flexpar::gradient_sync> sync;
+  std::vector<std::array<std::string, 2>> names;  // per layer: weight, bias
+  if (by_engine) {
+    for (std::size_t l = 0; l < model.layers(); ++l)
+      names.push_back({"fc" + std::to_string(l + 1) + ".weight", "fc" + std::to_string(l + 1) + ".bias"});
+    // [snippet:device_gradient_sync]
+    backend.emplace(gpu);  // runs the engine's device responses on gpu
+    eng.emplace(comm, std::nullopt, flexpar::log_sink{}, &*backend);
+    sync.emplace(*eng, flexpar::gradient_sync_options{
+                           .compression = opt.wire == "bf16" ? flexpar::wire_compression::bf16
+                                                             : flexpar::wire_compression::none});
+    for (std::size_t l = 0; l < model.layers(); ++l) {  // device spans: parameter and gradient
+      fc::register_parameter(*sync, names[l][0], model.weight(l), model.weight_grad(l));
+      fc::register_parameter(*sync, names[l][1], model.bias(l), model.bias_grad(l));
+    }
+    sync->broadcast_parameters(0, s);  // every rank starts from rank 0's weights
+    // [/snippet:device_gradient_sync]
+  }
+
   if (rank == 0) {
     const auto c = gpu.choose("allreduce", model.parameters().size() * sizeof(float));
     std::printf(
         "fashion_mnist_gpu: %d ranks on %d GPU(s), MLP 784-256-128-10 (%zu parameters), %zu images per rank, batch "
-        "%zu per rank, %zu steps per epoch, sgd lr %g momentum %g (%s), gradients by %s (automatic: %s)\n",
+        "%zu per rank, %zu steps per epoch, sgd lr %g momentum %g (%s), gradients by %s\n",
         size, devices, model.parameters().size(), train_set.count, opt.batch, steps_per_epoch,
         static_cast<double>(opt.lr), static_cast<double>(opt.momentum), opt.schedule.c_str(),
-        std::string(fc::name_of(path)).c_str(), std::string(fc::name_of(c.path)).c_str());
+        by_engine ? ("gradient_sync over the engine, " + opt.wire + " on the wire").c_str()
+                  : ("one allreduce per step on path " + std::string(fc::name_of(path)) + " (automatic: " +
+                     std::string(fc::name_of(c.path)) + ")")
+                        .c_str());
     std::fflush(stdout);
   }
 
@@ -158,9 +192,21 @@ int train(const settings& opt) {
                       px * sizeof(float), rows, s);
       fc::gather_rows(batch_y.span().as_bytes(), fc::device_span<const std::uint8_t>(train_d.y.span()).as_bytes(), 1,
                       rows, s);
-      model.train_step(fc::device_span<const float>(batch_x.span()),
-                       fc::device_span<const std::uint8_t>(batch_y.span()), opt.batch, sums.data(), s);
-      gpu.allreduce(model.gradients(), flexpar::reduce_op::avg, s, path);
+      if (!by_engine) {
+        model.train_step(fc::device_span<const float>(batch_x.span()),
+                         fc::device_span<const std::uint8_t>(batch_y.span()), opt.batch, sums.data(), s);
+        gpu.allreduce(model.gradients(), flexpar::reduce_op::avg, s, path);
+      } else {
+        // [snippet:device_backward]
+        model.train_step(fc::device_span<const float>(batch_x.span()),
+                         fc::device_span<const std::uint8_t>(batch_y.span()), opt.batch, sums.data(), s,
+                         [&](std::size_t l) {  // layer l's gradients are queued on s: reduce them after
+                           fc::on_gradient_ready(*sync, names[l][0], s);
+                           fc::on_gradient_ready(*sync, names[l][1], s);
+                         });
+        fc::synchronize(*sync, s);  // s waits for the averaged gradients, on the device: no host wait
+        // [/snippet:device_backward]
+      }
       const float factor = fm::schedule_factor(opt.schedule, step_index, total_steps);
       fc::sgd_momentum(model.parameters(), momentum.span(), fc::device_span<const float>(model.gradients()), opt.lr,
                        opt.momentum, factor, s);
@@ -207,8 +253,20 @@ int main(int argc, char** argv) {
   app.add_option("--path", opt.path, "device path of the gradient allreduce: automatic, nccl, ring, ipc, staged")
       ->capture_default_str()
       ->check(CLI::IsMember({"automatic", "nccl", "ring", "ipc", "staged"}));
+  app.add_option("--sync", opt.sync,
+                 "how gradients are averaged: collective (one device allreduce of all per step) or engine "
+                 "(gradient_sync over the engine, per layer, during the backward pass)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"collective", "engine"}));
+  app.add_option("--wire", opt.wire, "with --sync engine: what the gradients travel as, none (f32) or bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "bf16"}));
   CLI11_PARSE(app, argc, argv);
+  if (opt.wire != "none" && opt.sync != "engine") {
+    std::fprintf(stderr, "fashion_mnist_gpu: --wire %s needs --sync engine\n", opt.wire.c_str());
+    return 2;
+  }
   return fm::run_training(
-      "fashion_mnist_gpu", argc, argv, MPI_THREAD_SINGLE, opt.data_dir, [&] { return train(opt); },
+      "fashion_mnist_gpu", argc, argv, MPI_THREAD_MULTIPLE, opt.data_dir, [&] { return train(opt); },
       [] { return fc::device_count() == 0 ? std::string("CUDA device") : std::string(); });
 }

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <vector>
@@ -63,6 +64,20 @@ class mlp_cuda {
   [[nodiscard]] cuda::device_span<float> parameters() const noexcept { return parameters_.span(); }
   /// All gradients of the last train_step(), in the parameters' layout.
   [[nodiscard]] cuda::device_span<float> gradients() const noexcept { return gradients_.span(); }
+  /// Layer l's weights (in x out, row-major) and biases, views into parameters().
+  [[nodiscard]] cuda::device_span<float> weight(std::size_t l) const {
+    return parameters_.span().subspan(weight_at_[l], widths_[l] * widths_[l + 1]);
+  }
+  [[nodiscard]] cuda::device_span<float> bias(std::size_t l) const {
+    return parameters_.span().subspan(bias_at_[l], widths_[l + 1]);
+  }
+  /// Layer l's weight and bias gradients, views into gradients().
+  [[nodiscard]] cuda::device_span<float> weight_grad(std::size_t l) const {
+    return gradients_.span().subspan(weight_at_[l], widths_[l] * widths_[l + 1]);
+  }
+  [[nodiscard]] cuda::device_span<float> bias_grad(std::size_t l) const {
+    return gradients_.span().subspan(bias_at_[l], widths_[l + 1]);
+  }
 
   /// Forward pass of `batch` examples (x: batch * inputs, labels: batch) without gradients; adds the
   /// loss and the correct count to *sums (device memory).
@@ -72,23 +87,21 @@ class mlp_cuda {
     cuda::softmax_cross_entropy(logits(batch), labels, batch, widths_.back(), 0.0f, sums, s);
   }
 
+  /// Called during the backward pass with a layer whose gradients are queued on the stream (last
+  /// layer first): where a data-parallel step starts that layer's reduction.
+  using layer_done = std::function<void(std::size_t layer)>;
+
   /// Forward and backward pass of one batch: the gradients hold the batch mean; adds the batch's loss
   /// and accuracy (before the update) to *sums.
   void train_step(cuda::device_span<const float> x, cuda::device_span<const std::uint8_t> labels, std::size_t batch,
-                  cuda::score_sums* sums, cudaStream_t s) {
+                  cuda::score_sums* sums, cudaStream_t s, const layer_done& done = {}) {
     forward(x, batch, s);
     cuda::softmax_cross_entropy(logits(batch), labels, batch, widths_.back(), 1.0f / static_cast<float>(batch), sums,
                                 s);
-    backward(x, batch, s);
+    backward(x, batch, s, done);
   }
 
  private:
-  [[nodiscard]] cuda::device_span<float> weight(std::size_t l) const {
-    return parameters_.span().subspan(weight_at_[l], widths_[l] * widths_[l + 1]);
-  }
-  [[nodiscard]] cuda::device_span<float> bias(std::size_t l) const {
-    return parameters_.span().subspan(bias_at_[l], widths_[l + 1]);
-  }
   [[nodiscard]] cuda::device_span<float> activation(std::size_t l, std::size_t batch) const {
     return activations_[l].span().first(batch * widths_[l + 1]);
   }
@@ -108,14 +121,15 @@ class mlp_cuda {
     }
   }
 
-  void backward(cuda::device_span<const float> x, std::size_t batch, cudaStream_t s) {
+  void backward(cuda::device_span<const float> x, std::size_t batch, cudaStream_t s, const layer_done& done) {
     for (std::size_t l = layers(); l-- > 0;) {
       const std::size_t in = widths_[l], out = widths_[l + 1];
       const cuda::device_span<const float> dz(activation(l, batch));
       const cuda::device_span<const float> a = l == 0 ? x : cuda::device_span<const float>(activation(l - 1, batch));
       blas_.gemm(cuda::transpose::yes, cuda::transpose::no, in, out, batch, 1.0f, a, dz, 0.0f,
-                 gradients_.span().subspan(weight_at_[l], in * out), s);
-      blas_.column_sums(batch, out, dz, gradients_.span().subspan(bias_at_[l], out), s);
+                 weight_grad(l), s);
+      blas_.column_sums(batch, out, dz, bias_grad(l), s);
+      if (done) done(l);
       if (l == 0) break;
       const cuda::device_span<float> delta = delta_.span().first(batch * in);
       blas_.gemm(cuda::transpose::no, cuda::transpose::yes, batch, in, out, 1.0f, dz,
