@@ -26,17 +26,10 @@
 #include <string_view>
 
 #include <flexpar/core/config.hpp>
+#include <flexpar/core/deadline.hpp>
 #include <flexpar/core/error.hpp>
 
 namespace flexpar {
-
-/// The clock of every deadline: monotonic, so that a wall-clock change never fires or delays a timeout.
-using clock = std::chrono::steady_clock;
-/// The moment a blocking wait gives up with timeout_error.
-using deadline = clock::time_point;
-
-/// A deadline `d` from now.
-inline deadline deadline_after(clock::duration d) { return clock::now() + d; }
 
 /// Message tags. Transports narrow the range (MPI_TAG_UB); see transport::max_tag().
 using tag_t = std::uint64_t;

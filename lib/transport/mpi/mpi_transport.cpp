@@ -1,6 +1,6 @@
 // The MPI transport: MPI_Isend/MPI_Irecv (large-count variants) on a flexpar-owned duplicate.
-#include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/check_mpi.hpp>
+#include <flexpar/core/mpi_comm.hpp>
 #include <flexpar/transport/mpi.hpp>
 
 #include <climits>

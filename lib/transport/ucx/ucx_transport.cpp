@@ -13,9 +13,9 @@
 //
 // Waits poll the worker for config::spin (latency), then arm the worker and sleep in poll() on
 // its event file descriptor (UCP_FEATURE_WAKEUP) so that an idle rank leaves its core to others.
-#include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/check_mpi.hpp>
 #include <flexpar/core/check_ucx.hpp>
+#include <flexpar/core/mpi_comm.hpp>
 #include <flexpar/transport/ucx.hpp>
 
 #include <poll.h>
