@@ -162,6 +162,7 @@ class inproc_transport final : public transport {
   [[nodiscard]] tag_t max_tag() const noexcept override { return ~tag_t{0}; }
 
   [[nodiscard]] std::unique_ptr<transport> split(int color, int key) override {
+    check_open("split");
     // Everyone learns everyone's (color, key); the members of each color agree on their order and
     // meet in the parent's registry under this split's sequence number.
     const int mine[2] = {color, key};
