@@ -5,10 +5,12 @@
 #include <flexpar/timeline.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -56,6 +58,9 @@ struct engine_entry {
   bool finished = false;
   std::exception_ptr error;
   std::size_t result_count = 0;
+  // An error decided for this tensor but not yet delivered: it waits until every tensor this rank
+  // submitted before it has settled (engine_core::fail_settled).
+  std::exception_ptr held;
 
   // timeline
   clock::time_point submitted, responded, exec_begin, copied_in, reduced, copied_out;
@@ -84,21 +89,6 @@ struct response {
   error_kind error = error_kind::mismatch;
   std::string text;
 };
-
-std::string rank_set(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank {" : "ranks {";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i != 0) s += ',';  // appended apart: "," + to_string(...) trips a false -Wrestrict in GCC 12
-    s += std::to_string(ranks[i]);
-  }
-  return s + "}";
-}
-
-std::string seconds_text(std::chrono::milliseconds d) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.3g s", static_cast<double>(d.count()) / 1000.0);
-  return buffer;
-}
 
 // ---- messages: one fixed-size first part, a second message only for long ones ------------------
 
@@ -164,21 +154,57 @@ class engine_core {
         std::fprintf(stderr, "[flexpar rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
       };
     }
-    if (!cfg_.timeline_path.empty()) timeline_.emplace(comm_.rank(), origin_);
+    if (!cfg_.timeline_path.empty()) {
+      check_timeline_path();
+      timeline_.emplace(comm_.rank(), origin_);
+    }
     if (comm_.rank() == 0) {
       joined_ranks_.assign(static_cast<std::size_t>(comm_.size()), false);
       shutdown_ranks_.assign(static_cast<std::size_t>(comm_.size()), false);
     }
     thread_ = std::thread([this] { run(); });
+    // Registered after comm_ (made above): at MPI_Finalize this engine stops, and writes its
+    // timeline, before comm_ closes its transport (core/mpi_finalize.hpp).
+    at_finalize_ = finalize_hook(comm_.at_finalize(), [this] { stop("MPI_Finalize shut the engine down"); });
   }
 
   ~engine_core() {
+    at_finalize_ = {};
+    stop("the engine shut down");
+  }
+
+  /// Collective: rank 0, which writes the timeline at the end, opens its file now (creating it when
+  /// absent, keeping it otherwise), so that a path it cannot write is an error at the start on every
+  /// rank, not a timeline silently missing at the end.
+  /// @throws usage_error on every rank when rank 0 cannot open the file.
+  void check_timeline_path() {
+    std::int32_t error = 0;
+    if (comm_.rank() == 0) {
+      errno = 0;
+      std::ofstream probe(cfg_.timeline_path, std::ios::app);
+      if (!probe) error = errno != 0 ? errno : EACCES;
+    }
+    std::vector<std::int32_t> all(static_cast<std::size_t>(comm_.size()));
+    bootstrap_allgather(comm_.transport(), std::as_bytes(std::span(&error, 1)), std::as_writable_bytes(std::span(all)),
+                        comm_.default_deadline(), "engine: the timeline path check");
+    if (all[0] != 0)
+      throw usage_error("[rank " + std::to_string(comm_.rank()) + "] engine: the timeline file \"" +
+                        cfg_.timeline_path +
+                        "\" (FLEXPAR_TIMELINE) cannot be written on rank 0: " + std::strerror(all[0]));
+  }
+
+  /// The collective shutdown of the destructor (and of MPI_Finalize): the background thread
+  /// negotiates it with every rank, runs what became ready meanwhile, writes the timeline and ends.
+  /// Handles still pending then fail with "<reason> before every rank submitted this tensor".
+  void stop(const std::string& reason) {
     {
       std::lock_guard lock(mutex_);
+      if (shutdown_requested_ && !thread_.joinable()) return;
       shutdown_requested_ = true;
+      shutdown_reason_ = reason;
     }
     wake_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
 
   communicator& comm() noexcept { return comm_; }
@@ -199,11 +225,12 @@ class engine_core {
     bool wake = false;
     {
       std::lock_guard lock(mutex_);
-      if (failed_)
+      if (shutdown_requested_)
+        refuse = std::make_exception_ptr(usage_error("[rank " + std::to_string(comm_.rank()) +
+                                                     "] engine: " + std::string(name_of(kind)) + " \"" + entry->name +
+                                                     "\" submitted after " + shutdown_reason_));
+      else if (failed_)
         refuse = failed_;
-      else if (shutdown_requested_)
-        refuse = std::make_exception_ptr(usage_error("engine: " + std::string(name_of(kind)) + " \"" + entry->name +
-                                                     "\" submitted while the engine shuts down"));
       else
         fresh_.push_back(entry);
       // Only the first submission while the thread sleeps wakes it; the rest join its batch.
@@ -278,7 +305,13 @@ class engine_core {
         }
         if (cycle(fresh, shutting_down)) break;
       }
-      fail_everything(std::make_exception_ptr(usage_error("engine shut down before every rank submitted this tensor")));
+      std::string reason;
+      {
+        std::lock_guard lock(mutex_);
+        reason = shutdown_reason_;
+      }
+      fail_everything(std::make_exception_ptr(usage_error("[rank " + std::to_string(comm_.rank()) + "] " + reason +
+                                                          " before every rank submitted this tensor")));
       if (timeline_)
         timeline_->gather_and_write(comm_.transport(), tag_timeline, 0, cfg_.timeline_path, comm_.default_deadline());
     } catch (...) {
@@ -296,9 +329,9 @@ class engine_core {
     std::vector<const engine_entry*> full;
     for (auto& e : fresh) {
       if (pending_.contains(e->name)) {
-        finish(*e, std::make_exception_ptr(usage_error(
-                       "[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(e->desc.kind)) + " \"" +
-                       e->name + "\" was submitted again while the previous one is still in flight")));
+        fail_settled(e, std::make_exception_ptr(usage_error(
+                            "[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(e->desc.kind)) +
+                            " \"" + e->name + "\" was submitted again while the previous one is still in flight")));
         continue;
       }
       pending_.emplace(e->name, e);
@@ -370,6 +403,7 @@ class engine_core {
     execute(list, responded);
     for (const auto& r : list)
       if (r.type == response_type::run_full) remember(r);
+    release_settled();
     if (flags & flag_joined) {
       joined_ = false;
       {
@@ -676,8 +710,54 @@ class engine_core {
       case error_kind::timeout: e = std::make_exception_ptr(timeout_error(text)); break;
       case error_kind::usage: e = std::make_exception_ptr(usage_error(text)); break;
     }
-    complete(it->second, e, 0);
+    const std::shared_ptr<engine_entry> entry = std::move(it->second);
     pending_.erase(it);
+    fail_settled(entry, e);
+  }
+
+  // ---- errors wait for the tensors submitted before them -----------------------------------------
+  //
+  // A caller that sees one tensor fail unwinds its scope, freeing the buffers of the tensors it had
+  // submitted with it. So an error that only one tensor ends with is delivered once every tensor
+  // this rank submitted before the error was decided has settled (completed, or itself failed):
+  // until then the engine may still run them, reading and writing those buffers. Errors of the
+  // whole engine (a collective that failed) are delivered at once: nothing runs after them.
+
+  /// Fails `e` with `error` once everything submitted before it (pending or not yet reported) has settled.
+  void fail_settled(const std::shared_ptr<engine_entry>& e, std::exception_ptr error, std::size_t result_count = 0) {
+    std::vector<std::shared_ptr<engine_entry>> before;
+    for (const auto& [name, other] : pending_)
+      if (other != e) before.push_back(other);
+    {
+      std::lock_guard lock(mutex_);
+      before.insert(before.end(), fresh_.begin(), fresh_.end());
+    }
+    std::erase_if(before, [](const auto& other) { return settled(*other); });
+    if (before.empty()) {
+      complete(e, error, result_count);
+      return;
+    }
+    {
+      std::lock_guard lock(e->mutex);
+      e->held = error;
+    }
+    held_.push_back({e, std::move(error), result_count, std::move(before)});
+  }
+
+  /// Delivers the held errors whose tensors submitted before them have all settled.
+  void release_settled() {
+    std::erase_if(held_, [&](held_error& h) {
+      std::erase_if(h.before, [](const auto& other) { return settled(*other); });
+      if (!h.before.empty()) return false;
+      complete(h.entry, h.error, h.result_count);
+      return true;
+    });
+  }
+
+  /// Finished, or failed with an error that waits: either way the engine no longer touches its buffers.
+  static bool settled(engine_entry& e) {
+    std::lock_guard lock(e.mutex);
+    return e.finished || e.held;
   }
 
   /// Runs one response alone, or several fused allreduces through the fusion buffer.
@@ -756,7 +836,12 @@ class engine_core {
       e.copied_out = end;
       if (timeline_) record(e, group.size(), algorithm_name);
     }
-    complete_all(entries, failure, counts);
+    if (local) {
+      for (std::size_t k = 0; k < entries.size(); ++k)
+        if (entries[k]) fail_settled(entries[k], failure, counts[k]);
+    } else {
+      complete_all(entries, failure, counts);
+    }
     // A collective that failed (not just one handle's output) leaves the ranks out of step: stop.
     if (failure && !local) std::rethrow_exception(failure);
   }
@@ -880,6 +965,9 @@ class engine_core {
     for (auto& [name, e] : pending_) complete(e, error, 0);
     pending_.clear();
     for (auto& e : fresh) complete(e, error, 0);
+    // Nothing runs any more: the errors that waited for other tensors are delivered now.
+    for (held_error& h : held_) complete(h.entry, h.error, h.result_count);
+    held_.clear();
   }
 
   communicator comm_;
@@ -898,12 +986,20 @@ class engine_core {
   bool join_done_ = false;
   int last_joined_ = -1;
   std::exception_ptr failed_;
+  std::string shutdown_reason_ = "the engine shut down";
 
   mutable std::mutex stats_mutex_;
   engine::statistics stats_;
 
   // background thread only
   std::unordered_map<std::string, std::shared_ptr<engine_entry>> pending_;
+  struct held_error {
+    std::shared_ptr<engine_entry> entry;
+    std::exception_ptr error;
+    std::size_t result_count;
+    std::vector<std::shared_ptr<engine_entry>> before;  // submitted before the error, not yet settled
+  };
+  std::vector<held_error> held_;
   std::vector<cache_entry> cache_;
   std::unordered_map<std::string, std::uint32_t> cache_slot_;
   bool joined_ = false;
@@ -916,7 +1012,8 @@ class engine_core {
   int last_joined_rank_ = -1;
   std::uint64_t next_order_ = 0;
 
-  std::thread thread_;  // last: started after everything above exists
+  std::thread thread_;         // started after everything above exists
+  finalize_hook at_finalize_;  // last: unregistered first, before the thread stops
 };
 
 }  // namespace detail
@@ -932,9 +1029,22 @@ bool handle::test() const {
 void handle::wait(deadline until) const {
   if (!entry_) return;
   std::unique_lock lock(entry_->mutex);
-  if (!entry_->finished_cv.wait_until(lock, until, [&] { return entry_->finished; }))
+  if (!entry_->finished_cv.wait_until(lock, until, [&] { return entry_->finished; })) {
+    std::string held;
+    if (entry_->held) {
+      try {
+        std::rethrow_exception(entry_->held);
+      } catch (const std::exception& e) {
+        held = e.what();
+      }
+    }
     throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
-                        "\" did not complete before its deadline");
+                        "\" did not complete before its deadline" +
+                        (held.empty() ? std::string()
+                                      : ": it failed (" + held +
+                                            "), and that error waits for the tensors this rank submitted before it, "
+                                            "which are still in flight (their buffers are still in use)"));
+  }
   if (entry_->error) std::rethrow_exception(entry_->error);
 }
 

@@ -133,7 +133,16 @@ void gradient_sync::broadcast_parameters(int root) {
     for (parameter& p : state_->parameters)
       handles.push_back(state_->eng.broadcast_async("param." + p.name, p.value, p.type, p.count, root));
   }
-  for (auto& h : handles) h.wait();
+  // Every handle is waited for before an error leaves: the parameters stay in use until then.
+  std::exception_ptr first_error;
+  for (auto& h : handles) {
+    try {
+      h.wait();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 }  // namespace flexpar

@@ -25,11 +25,26 @@
 //  5. Every rank runs the responses in list order: consecutive allreduces of one dtype and op are
 //     packed into the fusion buffer (up to `fusion_threshold` bytes), reduced with one collective,
 //     and unpacked; the others run one by one. Handles complete (callbacks run on the background
-//     thread); errors complete the handle of that tensor on every rank that submitted it.
+//     thread); errors complete the handle of that tensor on every rank that submitted it, once
+//     every tensor that rank submitted before the error has settled (see "Errors" below).
 //  6. Every rank enters each newly run description into its response cache at the same slot
 //     (slots are given in response order, so every cache agrees without a message).
 // A rank that reaches no coordinator (or a coordinator that misses a rank's report) before
 // `config::timeout` fails every pending handle with the timeout and refuses new work.
+//
+// ## Errors and the caller's buffers
+// When one tensor fails (a mismatch, a stall timeout, an output too small, a name submitted twice)
+// its handle's error is held until every tensor this rank submitted before the error was decided
+// has settled (completed or failed), so that a caller who unwinds on the error and frees its
+// buffers never frees one the engine is still reading or writing. A failed collective (timeout,
+// peer failure) fails every tensor at once: nothing runs after it, and the transport settles the
+// failed collective's own messages before the error leaves it (transport.hpp). The destructor
+// returns only once the background thread has ended.
+//
+// ## MPI_Finalize
+// An engine still alive at MPI_Finalize is shut down by it (core/mpi_finalize.hpp): the same
+// collective shutdown as the destructor's, timeline included, before its communicator closes;
+// afterwards submissions fail with a usage_error and the destructor only frees memory.
 //
 // Cost per cycle: one small message to and from the coordinator per rank (2 latencies); in steady
 // state a report is a list of slot numbers, 4 bytes per tensor.
@@ -71,7 +86,8 @@ class handle {
   /// True once the collective finished (successfully or not). Never blocks.
   [[nodiscard]] bool test() const;
   /// Blocks until finished. @throws the error the collective ended with (mismatch_error,
-  /// timeout_error, usage_error, transport_error, ...); timeout_error at `until` if still running.
+  /// timeout_error, usage_error, transport_error, ...), once the tensors submitted before it have
+  /// settled; timeout_error at `until` if still running (its text includes an error still waiting).
   void wait(deadline until) const;
   /// wait() with the engine's config::timeout.
   void wait() const;
@@ -99,7 +115,9 @@ class engine {
   /// Collective over `comm`'s ranks: builds the engine's own sub-communicator (its traffic never
   /// mixes with yours), starts the background thread. `cfg` defaults to the communicator's settings.
   /// @throws usage_error when `comm` runs on MPI and MPI provides less than MPI_THREAD_MULTIPLE
-  ///         (the background thread calls MPI while your threads may too).
+  ///         (the background thread calls MPI while your threads may too), or (on every rank) when
+  ///         rank 0 cannot open `cfg.timeline_path` for writing.
+  /// @throws timeout_error naming the ranks that did not construct it within the timeout.
   explicit engine(communicator& comm, std::optional<config> cfg = std::nullopt, log_sink log = {});
   /// Collective: waits until every rank is shutting down, then stops the background thread. Pending
   /// handles of tensors that never became ready on every rank fail with "engine shut down".
