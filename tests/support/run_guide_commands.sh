@@ -50,19 +50,19 @@ commands_of() {
 ran=0
 for guide in "$src"/doc/guide-*.md; do
   name=${guide#"$src"/}
-  found=0
-  while IFS= read -r command; do
-    found=$((found + 1))
-    printf '\n==== %s: %s\n' "$name" "$command"
-    if ! (cd "$work" && timeout "$limit" bash -c "$command"); then
-      echo "run_guide_commands: FAILED ($name): $command" >&2
-      exit 1
-    fi
-  done < <(commands_of "$guide")
-  if [[ $found -eq 0 ]]; then
+  mapfile -t commands < <(commands_of "$guide")
+  if [[ ${#commands[@]} -eq 0 ]]; then
     echo "run_guide_commands: FAILED: no command found in $name" >&2
     exit 1
   fi
-  ran=$((ran + found))
+  for command in "${commands[@]}"; do
+    printf '\n==== %s: %s\n' "$name" "$command"
+    # stdin from /dev/null: mpiexec forwards its stdin to rank 0
+    if ! (cd "$work" && timeout "$limit" bash -c "$command" < /dev/null); then
+      echo "run_guide_commands: FAILED ($name): $command" >&2
+      exit 1
+    fi
+    ran=$((ran + 1))
+  done
 done
 printf '\nrun_guide_commands: all %d commands of the guides ran as written\n' "$ran"
