@@ -5,6 +5,7 @@
 #include <flexpar/timeline.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -45,6 +46,52 @@ struct description {
   std::uint64_t count = 0;
 };
 
+/// The tensors one rank has submitted and not yet seen finish, by submission order. handle::wait
+/// rethrows a tensor's error only once every tensor submitted before that wait has finished: the
+/// caller who unwinds on the error frees the buffers of the tensors it submitted with it, which the
+/// engine may otherwise still be running (the error of one tensor is decided while the others of
+/// its batch are still pending, and a caller may even submit more before it looks).
+class settle_tracker {
+ public:
+  /// Registers a submission; returns its number.
+  std::uint64_t enter(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    in_flight_.emplace(next_, name);
+    return next_++;
+  }
+  /// A tensor finished (successfully or not).
+  void leave(std::uint64_t seq) {
+    {
+      std::lock_guard lock(mutex_);
+      in_flight_.erase(seq);
+    }
+    settled_.notify_all();
+  }
+  /// Submissions so far.
+  [[nodiscard]] std::uint64_t submitted() {
+    std::lock_guard lock(mutex_);
+    return next_;
+  }
+  /// Blocks until every tensor numbered below `limit` has finished; false at `until`, with the
+  /// names of those still in flight in `names`.
+  bool wait_before(std::uint64_t limit, deadline until, std::string& names) {
+    std::unique_lock lock(mutex_);
+    if (settled_.wait_until(lock, until, [&] { return in_flight_.empty() || in_flight_.begin()->first >= limit; }))
+      return true;
+    for (auto it = in_flight_.begin(); it != in_flight_.end() && it->first < limit; ++it)
+      names.append(names.empty() ? "\"" : ", \"").append(it->second).append("\"");
+    return false;
+  }
+  /// The engine's background thread (which must never wait for tensors it runs itself).
+  std::atomic<std::thread::id> background;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable settled_;
+  std::uint64_t next_ = 0;
+  std::map<std::uint64_t, std::string> in_flight_;
+};
+
 struct engine_entry {
   std::string name;
   description desc;
@@ -58,9 +105,9 @@ struct engine_entry {
   bool finished = false;
   std::exception_ptr error;
   std::size_t result_count = 0;
-  // An error decided for this tensor but not yet delivered: it waits until every tensor this rank
-  // submitted before it has settled (engine_core::fail_settled).
-  std::exception_ptr held;
+  // This rank's tensors not yet finished, for handle::wait (errors wait for them: settle_tracker).
+  std::shared_ptr<settle_tracker> tracker;
+  std::uint64_t seq = 0;  // this tensor's place in the tracker
 
   // timeline
   clock::time_point submitted, responded, exec_begin, copied_in, reduced, copied_out;
@@ -220,6 +267,8 @@ class engine_core {
     entry->done = std::move(done);
     entry->default_timeout = cfg_.timeout;
     entry->submitted = clock::now();
+    entry->tracker = tracker_;
+    entry->seq = tracker_->enter(entry->name);
     handle h(entry);
     std::exception_ptr refuse;
     bool wake = false;
@@ -270,12 +319,14 @@ class engine_core {
       e.finished = true;
     }
     e.finished_cv.notify_all();
+    e.tracker->leave(e.seq);
   }
 
  private:
   // ---- the background thread ---------------------------------------------------------------------
 
   void run() {
+    tracker_->background.store(std::this_thread::get_id());
     try {
       clock::time_point next = clock::now();
       for (;;) {
@@ -329,9 +380,9 @@ class engine_core {
     std::vector<const engine_entry*> full;
     for (auto& e : fresh) {
       if (pending_.contains(e->name)) {
-        fail_settled(e, std::make_exception_ptr(usage_error(
-                            "[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(e->desc.kind)) +
-                            " \"" + e->name + "\" was submitted again while the previous one is still in flight")));
+        finish(*e, std::make_exception_ptr(usage_error(
+                       "[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(e->desc.kind)) + " \"" +
+                       e->name + "\" was submitted again while the previous one is still in flight")));
         continue;
       }
       pending_.emplace(e->name, e);
@@ -403,7 +454,6 @@ class engine_core {
     execute(list, responded);
     for (const auto& r : list)
       if (r.type == response_type::run_full) remember(r);
-    release_settled();
     if (flags & flag_joined) {
       joined_ = false;
       {
@@ -710,54 +760,8 @@ class engine_core {
       case error_kind::timeout: e = std::make_exception_ptr(timeout_error(text)); break;
       case error_kind::usage: e = std::make_exception_ptr(usage_error(text)); break;
     }
-    const std::shared_ptr<engine_entry> entry = std::move(it->second);
+    complete(it->second, e, 0);
     pending_.erase(it);
-    fail_settled(entry, e);
-  }
-
-  // ---- errors wait for the tensors submitted before them -----------------------------------------
-  //
-  // A caller that sees one tensor fail unwinds its scope, freeing the buffers of the tensors it had
-  // submitted with it. So an error that only one tensor ends with is delivered once every tensor
-  // this rank submitted before the error was decided has settled (completed, or itself failed):
-  // until then the engine may still run them, reading and writing those buffers. Errors of the
-  // whole engine (a collective that failed) are delivered at once: nothing runs after them.
-
-  /// Fails `e` with `error` once everything submitted before it (pending or not yet reported) has settled.
-  void fail_settled(const std::shared_ptr<engine_entry>& e, std::exception_ptr error, std::size_t result_count = 0) {
-    std::vector<std::shared_ptr<engine_entry>> before;
-    for (const auto& [name, other] : pending_)
-      if (other != e) before.push_back(other);
-    {
-      std::lock_guard lock(mutex_);
-      before.insert(before.end(), fresh_.begin(), fresh_.end());
-    }
-    std::erase_if(before, [](const auto& other) { return settled(*other); });
-    if (before.empty()) {
-      complete(e, error, result_count);
-      return;
-    }
-    {
-      std::lock_guard lock(e->mutex);
-      e->held = error;
-    }
-    held_.push_back({e, std::move(error), result_count, std::move(before)});
-  }
-
-  /// Delivers the held errors whose tensors submitted before them have all settled.
-  void release_settled() {
-    std::erase_if(held_, [&](held_error& h) {
-      std::erase_if(h.before, [](const auto& other) { return settled(*other); });
-      if (!h.before.empty()) return false;
-      complete(h.entry, h.error, h.result_count);
-      return true;
-    });
-  }
-
-  /// Finished, or failed with an error that waits: either way the engine no longer touches its buffers.
-  static bool settled(engine_entry& e) {
-    std::lock_guard lock(e.mutex);
-    return e.finished || e.held;
   }
 
   /// Runs one response alone, or several fused allreduces through the fusion buffer.
@@ -836,12 +840,7 @@ class engine_core {
       e.copied_out = end;
       if (timeline_) record(e, group.size(), algorithm_name);
     }
-    if (local) {
-      for (std::size_t k = 0; k < entries.size(); ++k)
-        if (entries[k]) fail_settled(entries[k], failure, counts[k]);
-    } else {
-      complete_all(entries, failure, counts);
-    }
+    complete_all(entries, failure, counts);
     // A collective that failed (not just one handle's output) leaves the ranks out of step: stop.
     if (failure && !local) std::rethrow_exception(failure);
   }
@@ -935,6 +934,7 @@ class engine_core {
   void complete_all(std::span<const std::shared_ptr<engine_entry>> entries, std::exception_ptr error,
                     std::span<const std::size_t> result_counts) {
     std::size_t done = 0;
+    std::vector<bool> now_finished(entries.size(), false);
     for (std::size_t k = 0; k < entries.size(); ++k) {
       if (!entries[k]) continue;
       std::lock_guard lock(entries[k]->mutex);
@@ -942,10 +942,13 @@ class engine_core {
       entries[k]->error = error;
       entries[k]->result_count = result_counts[k];
       entries[k]->finished = true;
+      now_finished[k] = true;
       ++done;
     }
     for (const auto& e : entries)
       if (e) e->finished_cv.notify_all();
+    for (std::size_t k = 0; k < entries.size(); ++k)
+      if (now_finished[k]) entries[k]->tracker->leave(entries[k]->seq);
     {
       std::lock_guard lock(stats_mutex_);
       stats_.tensors_done += done;
@@ -965,14 +968,12 @@ class engine_core {
     for (auto& [name, e] : pending_) complete(e, error, 0);
     pending_.clear();
     for (auto& e : fresh) complete(e, error, 0);
-    // Nothing runs any more: the errors that waited for other tensors are delivered now.
-    for (held_error& h : held_) complete(h.entry, h.error, h.result_count);
-    held_.clear();
   }
 
   communicator comm_;
   config cfg_;
   log_sink log_;
+  std::shared_ptr<settle_tracker> tracker_ = std::make_shared<settle_tracker>();
   clock::time_point origin_;
   std::optional<timeline> timeline_;
 
@@ -993,13 +994,6 @@ class engine_core {
 
   // background thread only
   std::unordered_map<std::string, std::shared_ptr<engine_entry>> pending_;
-  struct held_error {
-    std::shared_ptr<engine_entry> entry;
-    std::exception_ptr error;
-    std::size_t result_count;
-    std::vector<std::shared_ptr<engine_entry>> before;  // submitted before the error, not yet settled
-  };
-  std::vector<held_error> held_;
   std::vector<cache_entry> cache_;
   std::unordered_map<std::string, std::uint32_t> cache_slot_;
   bool joined_ = false;
@@ -1028,24 +1022,33 @@ bool handle::test() const {
 
 void handle::wait(deadline until) const {
   if (!entry_) return;
-  std::unique_lock lock(entry_->mutex);
-  if (!entry_->finished_cv.wait_until(lock, until, [&] { return entry_->finished; })) {
-    std::string held;
-    if (entry_->held) {
-      try {
-        std::rethrow_exception(entry_->held);
-      } catch (const std::exception& e) {
-        held = e.what();
-      }
-    }
-    throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
-                        "\" did not complete before its deadline" +
-                        (held.empty() ? std::string()
-                                      : ": it failed (" + held +
-                                            "), and that error waits for the tensors this rank submitted before it, "
-                                            "which are still in flight (their buffers are still in use)"));
+  std::exception_ptr error;
+  {
+    std::unique_lock lock(entry_->mutex);
+    if (!entry_->finished_cv.wait_until(lock, until, [&] { return entry_->finished; }))
+      throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
+                          "\" did not complete before its deadline");
+    error = entry_->error;
   }
-  if (entry_->error) std::rethrow_exception(entry_->error);
+  if (!error) return;
+  // The caller may unwind on this error and free the buffers of the tensors it submitted with this
+  // one: rethrow it once every tensor this rank submitted before now has finished (not on the
+  // background thread, a completion callback's, which runs them).
+  detail::settle_tracker& tracker = *entry_->tracker;
+  std::string in_flight;
+  if (std::this_thread::get_id() != tracker.background.load() &&
+      !tracker.wait_before(tracker.submitted(), until, in_flight)) {
+    std::string text;
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      text = e.what();
+    }
+    throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name + "\" failed (" + text +
+                        "), but tensors this rank submitted before are still in flight at the deadline (" + in_flight +
+                        "): their buffers are still in use");
+  }
+  std::rethrow_exception(error);
 }
 
 void handle::wait() const {

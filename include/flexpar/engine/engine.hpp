@@ -25,8 +25,8 @@
 //  5. Every rank runs the responses in list order: consecutive allreduces of one dtype and op are
 //     packed into the fusion buffer (up to `fusion_threshold` bytes), reduced with one collective,
 //     and unpacked; the others run one by one. Handles complete (callbacks run on the background
-//     thread); errors complete the handle of that tensor on every rank that submitted it, once
-//     every tensor that rank submitted before the error has settled (see "Errors" below).
+//     thread); errors complete the handle of that tensor on every rank that submitted it (see
+//     "Errors" below for when handle::wait rethrows them).
 //  6. Every rank enters each newly run description into its response cache at the same slot
 //     (slots are given in response order, so every cache agrees without a message).
 // A rank that reaches no coordinator (or a coordinator that misses a rank's report) before
@@ -34,12 +34,13 @@
 //
 // ## Errors and the caller's buffers
 // When one tensor fails (a mismatch, a stall timeout, an output too small, a name submitted twice)
-// its handle's error is held until every tensor this rank submitted before the error was decided
-// has settled (completed or failed), so that a caller who unwinds on the error and frees its
-// buffers never frees one the engine is still reading or writing. A failed collective (timeout,
-// peer failure) fails every tensor at once: nothing runs after it, and the transport settles the
-// failed collective's own messages before the error leaves it (transport.hpp). The destructor
-// returns only once the background thread has ended.
+// the others of its batch may still be waiting for other ranks or running. handle::wait rethrows
+// the error only once every tensor this rank submitted before that wait has finished, so that a
+// caller who unwinds on the error and frees its buffers never frees one the engine still reads or
+// writes (a completion callback gets the error at once: it runs on the engine's thread). A failed
+// collective (timeout, peer failure) fails every tensor at once: nothing runs after it, and the
+// transport settles the failed collective's own messages before the error leaves it
+// (transport.hpp). The destructor returns only once the background thread has ended.
 //
 // ## MPI_Finalize
 // An engine still alive at MPI_Finalize is shut down by it (core/mpi_finalize.hpp): the same
@@ -86,8 +87,9 @@ class handle {
   /// True once the collective finished (successfully or not). Never blocks.
   [[nodiscard]] bool test() const;
   /// Blocks until finished. @throws the error the collective ended with (mismatch_error,
-  /// timeout_error, usage_error, transport_error, ...), once the tensors submitted before it have
-  /// settled; timeout_error at `until` if still running (its text includes an error still waiting).
+  /// timeout_error, usage_error, transport_error, ...), once every tensor this rank submitted
+  /// before this call has finished too; timeout_error at `until` if this tensor, or one of those,
+  /// is still running (the text then carries this tensor's error and names those).
   void wait(deadline until) const;
   /// wait() with the engine's config::timeout.
   void wait() const;
