@@ -44,7 +44,9 @@ TEST(mpi_error_handler, mismatched_ring_allreduce_ends_in_flexpar_errors_not_an_
     }
     EXPECT_TRUE(flexpar_error) << "the mismatched allreduce returned";
     EXPECT_NE(what.find("[rank " + std::to_string(me) + "]"), std::string::npos) << what;
-    if (me == receiver) EXPECT_TRUE(truncated) << what;
+    if (me == receiver) {
+      EXPECT_TRUE(truncated) << what;
+    }
   }
   // The world is still usable (GoogleTest's main agrees on the exit status through it).
   int one = 1, all = 0;
