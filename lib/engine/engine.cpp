@@ -1,6 +1,7 @@
 // The engine: submission queue, background thread, coordinator, fusion, timeline.
 // The protocol is described step by step in include/flexpar/engine/engine.hpp; the step numbers
 // below refer to it.
+#include <flexpar/core/check_mpi.hpp>
 #include <flexpar/engine/engine.hpp>
 #include <flexpar/timeline.hpp>
 
@@ -1070,9 +1071,13 @@ const std::string& handle::name() const {
 // ---- engine --------------------------------------------------------------------------------------
 
 engine::engine(communicator& comm, std::optional<config> cfg, log_sink log) {
+  if (comm.finalized())
+    throw usage_error("[rank " + std::to_string(comm.rank()) +
+                      "] engine: made after MPI_Finalize shut its communicator down (destroy flexpar's objects "
+                      "before calling MPI_Finalize)");
   if (comm.mpi_comm() != MPI_COMM_NULL && comm.transport().kind() == transport_kind::mpi) {
     int provided = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&provided);
+    FLEXPAR_CHECK_MPI(MPI_Query_thread(&provided));
     if (provided < MPI_THREAD_MULTIPLE)
       throw usage_error(
           "engine: its background thread calls MPI while your threads may too, so it needs "

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   expect_refused("allreduce", [&] { flexpar::allreduce(comm, std::span(direct), flexpar::reduce_op::sum); });
   expect_refused("transport::isend", [&] { (void)comm.transport().isend(0, 1, std::as_bytes(std::span(direct))); });
   expect_refused("communicator::split", [&] { (void)comm.split(0, rank); });
+  expect_refused("engine (a new one)", [&] { flexpar::engine late(comm); });
   if (rank == 0 && !timeline_path.empty()) {
     std::ifstream in(timeline_path);
     std::stringstream text;
