@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -308,7 +309,7 @@ long long run_gpu_mode(communicator& comm, const std::vector<collective>& ops, s
   namespace fc = flexpar::cuda;
   const int p = comm.size(), me = comm.rank();
   const int devices = fc::device_count();
-  if (devices == 0) throw flexpar::usage_error("flexpar_perf --gpu: no CUDA device is present");
+  if (devices == 0) throw flexpar::usage_error("--gpu: no CUDA device is present");
   const int device = comm.topology().local_rank() % devices;
   const fc::device_guard on(device);
   fc::device_options options;  // NCCL puts one rank per GPU: ranks that share one run the staged path only
@@ -428,10 +429,22 @@ long long run_gpu_mode(communicator& comm, const std::vector<collective>& ops, s
 
 }  // namespace
 
+/// "allreduce, reduce_scatter, ..." (the keys of `names`).
+template <class Map>
+std::string known(const Map& names) {
+  std::string text;
+  for (const auto& [name, value] : names) text.append(text.empty() ? "" : ", ").append(name);
+  return text;
+}
+
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+  // Errors of the command line are the same on every rank: rank 0 alone says them, once per job.
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   CLI::App app{"flexpar_perf: flexpar collectives vs MPI's, nccl-tests style"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   std::string min_text = "4K", max_text = "64M", ops_text = "allreduce", algorithms_text;
   int factor = 2, iterations = 20, warmup = 5, check = 1;
   app.add_option("-b,--minbytes", min_text, "smallest size (bytes; K, M, G suffixes)");
@@ -447,10 +460,32 @@ int main(int argc, char** argv) {
   bool gpu_mode = false;
   app.add_flag("--gpu", gpu_mode, "device buffers: flexpar's device paths (nccl, staged) vs MPICH on host buffers");
   int exit_code = 0;
+  std::vector<collective> ops;
+  std::vector<algorithm> asked;
+  std::size_t min_bytes = 0, max_bytes = 0;
   try {
     app.parse(argc, argv);
+    for (const auto& name :
+         split_list(ops_text == "all" ? "allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall" : ops_text)) {
+      if (!collective_names.count(name))
+        throw CLI::ValidationError(
+            "--ops", "unknown collective '" + name + "' (known: " + known(collective_names) + ", or all)");
+      ops.push_back(collective_names.at(name));
+    }
+    for (const auto& name : split_list(algorithms_text)) {
+      if (!algorithm_names.count(name))
+        throw CLI::ValidationError("--algorithms",
+                                   "unknown algorithm '" + name + "' (known: " + known(algorithm_names) + ")");
+      asked.push_back(algorithm_names.at(name));
+    }
+    min_bytes = parse_size(min_text);
+    max_bytes = parse_size(max_text);
+    if (min_bytes > max_bytes)
+      throw CLI::ValidationError("-b/-e", "the smallest size " + min_text + " is larger than the largest " + max_text +
+                                              ": no rows to measure");
   } catch (const CLI::ParseError& e) {
-    exit_code = app.exit(e);
+    std::ostringstream quiet;  // ranks other than 0 print nothing
+    exit_code = world_rank == 0 ? app.exit(e) : app.exit(e, quiet, quiet);
     MPI_Finalize();
     return exit_code;
   }
@@ -458,18 +493,6 @@ int main(int argc, char** argv) {
   try {
     communicator comm = communicator::from_mpi(MPI_COMM_WORLD);
     const int p = comm.size(), me = comm.rank();
-    std::vector<collective> ops;
-    for (const auto& name :
-         split_list(ops_text == "all" ? "allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall" : ops_text)) {
-      if (!collective_names.count(name)) throw flexpar::usage_error("flexpar_perf: unknown collective '" + name + "'");
-      ops.push_back(collective_names.at(name));
-    }
-    std::vector<algorithm> asked;
-    for (const auto& name : split_list(algorithms_text)) {
-      if (!algorithm_names.count(name)) throw flexpar::usage_error("flexpar_perf: unknown algorithm '" + name + "'");
-      asked.push_back(algorithm_names.at(name));
-    }
-    const std::size_t min_bytes = parse_size(min_text), max_bytes = parse_size(max_text);
     long long total_wrong = 0;  // over every row and rank: the exit status is 1 unless it is 0
     bool gpu_mode_done = false;
     if (gpu_mode) {
@@ -478,7 +501,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       gpu_mode_done = true;
 #else
-      throw flexpar::usage_error("flexpar_perf --gpu: this build of flexpar has no CUDA (FLEXPAR_WITH_CUDA)");
+      throw flexpar::usage_error("--gpu: this build of flexpar has no CUDA (FLEXPAR_WITH_CUDA)");
 #endif
     }
     if (!gpu_mode_done) {
@@ -564,8 +587,11 @@ int main(int argc, char** argv) {
       std::printf("# verified: one more call per row against the exact answer, %lld wrong in all\n", total_wrong);
     if (total_wrong != 0) exit_code = 1;
     std::fflush(stdout);
+  } catch (const flexpar::usage_error& e) {
+    if (world_rank == 0) std::fprintf(stderr, "flexpar_perf: %s\n", e.what());  // the same on every rank: once
+    exit_code = 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "flexpar_perf: %s\n", e.what());
+    std::fprintf(stderr, "flexpar_perf: %s\n", e.what());  // names its rank: each rank's own
     exit_code = 1;
   }
   MPI_Finalize();

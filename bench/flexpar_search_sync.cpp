@@ -13,8 +13,8 @@
 // device: each algorithm's seconds and the choice under each policy; (3) the reference models' data
 // parallel and searched step times under each policy; (4) the fake-host setups of doc/relaxations.md
 // (25 MiB, 2 and 4 hosts at 1 Gbit/s): the predicted step of each algorithm and its ratio to the ring.
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/search/mcmc.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include <cmath>
 #include <cstdio>

@@ -1,14 +1,18 @@
 // The engine: submission queue, background thread, coordinator, fusion, timeline.
 // The protocol is described step by step in include/flexpar/engine/engine.hpp; the step numbers
 // below refer to it.
+#include <flexpar/core/check_mpi.hpp>
 #include <flexpar/engine/engine.hpp>
 #include <flexpar/timeline.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -44,6 +48,52 @@ struct description {
   memory_kind memory = memory_kind::host;
 };
 
+/// The tensors one rank has submitted and not yet seen finish, by submission order. handle::wait
+/// rethrows a tensor's error only once every tensor submitted before that wait has finished: the
+/// caller who unwinds on the error frees the buffers of the tensors it submitted with it, which the
+/// engine may otherwise still be running (the error of one tensor is decided while the others of
+/// its batch are still pending, and a caller may even submit more before it looks).
+class settle_tracker {
+ public:
+  /// Registers a submission; returns its number.
+  std::uint64_t enter(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    in_flight_.emplace(next_, name);
+    return next_++;
+  }
+  /// A tensor finished (successfully or not).
+  void leave(std::uint64_t seq) {
+    {
+      std::lock_guard lock(mutex_);
+      in_flight_.erase(seq);
+    }
+    settled_.notify_all();
+  }
+  /// Submissions so far.
+  [[nodiscard]] std::uint64_t submitted() {
+    std::lock_guard lock(mutex_);
+    return next_;
+  }
+  /// Blocks until every tensor numbered below `limit` has finished; false at `until`, with the
+  /// names of those still in flight in `names`.
+  bool wait_before(std::uint64_t limit, deadline until, std::string& names) {
+    std::unique_lock lock(mutex_);
+    if (settled_.wait_until(lock, until, [&] { return in_flight_.empty() || in_flight_.begin()->first >= limit; }))
+      return true;
+    for (auto it = in_flight_.begin(); it != in_flight_.end() && it->first < limit; ++it)
+      names.append(names.empty() ? "\"" : ", \"").append(it->second).append("\"");
+    return false;
+  }
+  /// The engine's background thread (which must never wait for tensors it runs itself).
+  std::atomic<std::thread::id> background;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable settled_;
+  std::uint64_t next_ = 0;
+  std::map<std::uint64_t, std::string> in_flight_;
+};
+
 struct engine_entry {
   std::string name;
   description desc;
@@ -66,6 +116,9 @@ struct engine_entry {
   bool finished = false;
   std::exception_ptr error;
   std::size_t result_count = 0;
+  // This rank's tensors not yet finished, for handle::wait (errors wait for them: settle_tracker).
+  std::shared_ptr<settle_tracker> tracker;
+  std::uint64_t seq = 0;  // this tensor's place in the tracker
 
   // timeline
   clock::time_point submitted, responded, exec_begin, copied_in, reduced, copied_out;
@@ -94,21 +147,6 @@ struct response {
   error_kind error = error_kind::mismatch;
   std::string text;
 };
-
-std::string rank_set(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank {" : "ranks {";
-  for (std::size_t i = 0; i < ranks.size(); ++i) {
-    if (i != 0) s += ',';  // appended apart: "," + to_string(...) trips a false -Wrestrict in GCC 12
-    s += std::to_string(ranks[i]);
-  }
-  return s + "}";
-}
-
-std::string seconds_text(std::chrono::milliseconds d) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.3g s", static_cast<double>(d.count()) / 1000.0);
-  return buffer;
-}
 
 // ---- messages: one fixed-size first part, a second message only for long ones ------------------
 
@@ -177,21 +215,57 @@ class engine_core {
         std::fprintf(stderr, "[flexpar rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
       };
     }
-    if (!cfg_.timeline_path.empty()) timeline_.emplace(comm_.rank(), origin_);
+    if (!cfg_.timeline_path.empty()) {
+      check_timeline_path();
+      timeline_.emplace(comm_.rank(), origin_);
+    }
     if (comm_.rank() == 0) {
       joined_ranks_.assign(static_cast<std::size_t>(comm_.size()), false);
       shutdown_ranks_.assign(static_cast<std::size_t>(comm_.size()), false);
     }
     thread_ = std::thread([this] { run(); });
+    // Registered after comm_ (made above): at MPI_Finalize this engine stops, and writes its
+    // timeline, before comm_ closes its transport (core/mpi_finalize.hpp).
+    at_finalize_ = finalize_hook(comm_.at_finalize(), [this] { stop("MPI_Finalize shut the engine down"); });
   }
 
   ~engine_core() {
+    at_finalize_ = {};
+    stop("the engine shut down");
+  }
+
+  /// Collective: rank 0, which writes the timeline at the end, opens its file now (creating it when
+  /// absent, keeping it otherwise), so that a path it cannot write is an error at the start on every
+  /// rank, not a timeline silently missing at the end.
+  /// @throws usage_error on every rank when rank 0 cannot open the file.
+  void check_timeline_path() {
+    std::int32_t error = 0;
+    if (comm_.rank() == 0) {
+      errno = 0;
+      std::ofstream probe(cfg_.timeline_path, std::ios::app);
+      if (!probe) error = errno != 0 ? errno : EACCES;
+    }
+    std::vector<std::int32_t> all(static_cast<std::size_t>(comm_.size()));
+    bootstrap_allgather(comm_.transport(), std::as_bytes(std::span(&error, 1)), std::as_writable_bytes(std::span(all)),
+                        comm_.default_deadline(), "engine: the timeline path check");
+    if (all[0] != 0)
+      throw usage_error("[rank " + std::to_string(comm_.rank()) + "] engine: the timeline file \"" +
+                        cfg_.timeline_path +
+                        "\" (FLEXPAR_TIMELINE) cannot be written on rank 0: " + std::strerror(all[0]));
+  }
+
+  /// The collective shutdown of the destructor (and of MPI_Finalize): the background thread
+  /// negotiates it with every rank, runs what became ready meanwhile, writes the timeline and ends.
+  /// Handles still pending then fail with "<reason> before every rank submitted this tensor".
+  void stop(const std::string& reason) {
     {
       std::lock_guard lock(mutex_);
+      if (shutdown_requested_ && !thread_.joinable()) return;
       shutdown_requested_ = true;
+      shutdown_reason_ = reason;
     }
     wake_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
 
   communicator& comm() noexcept { return comm_; }
@@ -233,16 +307,19 @@ class engine_core {
     entry->default_timeout = cfg_.timeout;
     entry->submitted = clock::now();
     const collective_kind kind = entry->desc.kind;
+    entry->tracker = tracker_;
+    entry->seq = tracker_->enter(entry->name);
     handle h(entry);
     std::exception_ptr refuse;
     bool wake = false;
     {
       std::lock_guard lock(mutex_);
-      if (failed_)
+      if (shutdown_requested_)
+        refuse = std::make_exception_ptr(usage_error("[rank " + std::to_string(comm_.rank()) +
+                                                     "] engine: " + std::string(name_of(kind)) + " \"" + entry->name +
+                                                     "\" submitted after " + shutdown_reason_));
+      else if (failed_)
         refuse = failed_;
-      else if (shutdown_requested_)
-        refuse = std::make_exception_ptr(usage_error("engine: " + std::string(name_of(kind)) + " \"" + entry->name +
-                                                     "\" submitted while the engine shuts down"));
       else
         fresh_.push_back(entry);
       // Only the first submission while the thread sleeps wakes it; the rest join its batch.
@@ -282,12 +359,14 @@ class engine_core {
       e.finished = true;
     }
     e.finished_cv.notify_all();
+    e.tracker->leave(e.seq);
   }
 
  private:
   // ---- the background thread ---------------------------------------------------------------------
 
   void run() {
+    tracker_->background.store(std::this_thread::get_id());
     try {
       clock::time_point next = clock::now();
       for (;;) {
@@ -326,7 +405,13 @@ class engine_core {
         poll_device();
       }
       drain_device(std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout));
-      fail_everything(std::make_exception_ptr(usage_error("engine shut down before every rank submitted this tensor")));
+      std::string reason;
+      {
+        std::lock_guard lock(mutex_);
+        reason = shutdown_reason_;
+      }
+      fail_everything(std::make_exception_ptr(usage_error("[rank " + std::to_string(comm_.rank()) + "] " + reason +
+                                                          " before every rank submitted this tensor")));
       if (timeline_)
         timeline_->gather_and_write(comm_.transport(), tag_timeline, 0, cfg_.timeline_path, comm_.default_deadline());
     } catch (...) {
@@ -1041,6 +1126,7 @@ class engine_core {
   void complete_all(std::span<const std::shared_ptr<engine_entry>> entries, std::exception_ptr error,
                     std::span<const std::size_t> result_counts) {
     std::size_t done = 0;
+    std::vector<bool> now_finished(entries.size(), false);
     for (std::size_t k = 0; k < entries.size(); ++k) {
       if (!entries[k]) continue;
       std::lock_guard lock(entries[k]->mutex);
@@ -1048,10 +1134,13 @@ class engine_core {
       entries[k]->error = error;
       entries[k]->result_count = result_counts[k];
       entries[k]->finished = true;
+      now_finished[k] = true;
       ++done;
     }
     for (const auto& e : entries)
       if (e) e->finished_cv.notify_all();
+    for (std::size_t k = 0; k < entries.size(); ++k)
+      if (now_finished[k]) entries[k]->tracker->leave(entries[k]->seq);
     {
       std::lock_guard lock(stats_mutex_);
       stats_.tensors_done += done;
@@ -1091,6 +1180,7 @@ class engine_core {
   config cfg_;
   log_sink log_;
   device_backend* device_ = nullptr;
+  std::shared_ptr<settle_tracker> tracker_ = std::make_shared<settle_tracker>();
   clock::time_point origin_;
   std::optional<timeline> timeline_;
 
@@ -1104,6 +1194,7 @@ class engine_core {
   bool join_done_ = false;
   int last_joined_ = -1;
   std::exception_ptr failed_;
+  std::string shutdown_reason_ = "the engine shut down";
 
   mutable std::mutex stats_mutex_;
   engine::statistics stats_;
@@ -1123,7 +1214,8 @@ class engine_core {
   int last_joined_rank_ = -1;
   std::uint64_t next_order_ = 0;
 
-  std::thread thread_;  // last: started after everything above exists
+  std::thread thread_;         // started after everything above exists
+  finalize_hook at_finalize_;  // last: unregistered first, before the thread stops
 };
 
 }  // namespace detail
@@ -1138,11 +1230,33 @@ bool handle::test() const {
 
 void handle::wait(deadline until) const {
   if (!entry_) return;
-  std::unique_lock lock(entry_->mutex);
-  if (!entry_->finished_cv.wait_until(lock, until, [&] { return entry_->finished; }))
-    throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
-                        "\" did not complete before its deadline");
-  if (entry_->error) std::rethrow_exception(entry_->error);
+  std::exception_ptr error;
+  {
+    std::unique_lock lock(entry_->mutex);
+    if (!entry_->finished_cv.wait_until(lock, until, [&] { return entry_->finished; }))
+      throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
+                          "\" did not complete before its deadline");
+    error = entry_->error;
+  }
+  if (!error) return;
+  // The caller may unwind on this error and free the buffers of the tensors it submitted with this
+  // one: rethrow it once every tensor this rank submitted before now has finished (not on the
+  // background thread, a completion callback's, which runs them).
+  detail::settle_tracker& tracker = *entry_->tracker;
+  std::string in_flight;
+  if (std::this_thread::get_id() != tracker.background.load() &&
+      !tracker.wait_before(tracker.submitted(), until, in_flight)) {
+    std::string text;
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      text = e.what();
+    }
+    throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name + "\" failed (" + text +
+                        "), but tensors this rank submitted before are still in flight at the deadline (" + in_flight +
+                        "): their buffers are still in use");
+  }
+  std::rethrow_exception(error);
 }
 
 void handle::wait() const {
@@ -1182,9 +1296,13 @@ const std::string& handle::name() const {
 // ---- engine --------------------------------------------------------------------------------------
 
 engine::engine(communicator& comm, std::optional<config> cfg, log_sink log, device_backend* device) {
+  if (comm.finalized())
+    throw usage_error("[rank " + std::to_string(comm.rank()) +
+                      "] engine: made after MPI_Finalize shut its communicator down (destroy flexpar's objects "
+                      "before calling MPI_Finalize)");
   if (comm.mpi_comm() != MPI_COMM_NULL && comm.transport().kind() == transport_kind::mpi) {
     int provided = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&provided);
+    FLEXPAR_CHECK_MPI(MPI_Query_thread(&provided));
     if (provided < MPI_THREAD_MULTIPLE)
       throw usage_error(
           "engine: its background thread calls MPI while your threads may too, so it needs "

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <flexpar/collective.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/transport/inproc.hpp>
 
 #include "oracle.hpp"

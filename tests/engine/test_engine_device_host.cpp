@@ -9,7 +9,7 @@
 #include <numeric>
 #include <random>
 
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 #include <flexpar/engine/gradient_sync.hpp>
 

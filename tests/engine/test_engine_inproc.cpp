@@ -10,7 +10,7 @@
 #include <mutex>
 #include <set>
 
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 #include "engine_scenarios.hpp"
 #include "gradient_sync_scenarios.hpp"

@@ -6,8 +6,8 @@
 #include <numeric>
 #include <vector>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/cuda/collective.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "gpu/device_io.hpp"
 #include "support/test_config.hpp"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include <flexpar/cuda/collective.hpp>
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 #include "gpu/device_io.hpp"
 #include "support/test_config.hpp"

@@ -12,7 +12,7 @@
 
 #include <flexpar/cuda/engine.hpp>
 #include <flexpar/engine/engine.hpp>
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 #include "gpu/device_io.hpp"
 #include "support/test_config.hpp"

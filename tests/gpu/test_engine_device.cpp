@@ -15,7 +15,7 @@
 
 #include <flexpar/cuda/engine.hpp>
 #include <flexpar/engine/gradient_sync.hpp>
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 #include "gpu/device_io.hpp"
 

@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 #include "relax_scenarios.hpp"
 

@@ -14,9 +14,9 @@
 #include <type_traits>
 #include <vector>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/sbp/sbp.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "support/test_config.hpp"
 

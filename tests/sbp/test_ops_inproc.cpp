@@ -6,8 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/sbp/sbp.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "support/test_config.hpp"
 

@@ -2,9 +2,9 @@
 // (boxing to run-time targets, matmul choosing its signature by boxing cost), threads as ranks.
 #include <gtest/gtest.h>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/sbp/sbp.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "support/test_config.hpp"
 

@@ -5,10 +5,10 @@
 
 #include <flexpar/collective/allreduce_hierarchical.hpp>
 #include <flexpar/collective/allreduce_ring.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/sbp/ops.hpp>
 #include <flexpar/search/mcmc.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include <random>
 #include <string>
