@@ -10,7 +10,12 @@ namespace flexpar::bench {
 /// "4K", "64M", "1G", "4096" -> bytes (K, M, G are powers of 1024, as in nccl-tests).
 inline std::size_t parse_size(const std::string& text) {
   std::size_t pos = 0;
-  const double value = std::stod(text, &pos);
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    throw CLI::ValidationError("size", "'" + text + "' is not a size (e.g. 4096, 4K, 64M, 1G)");
+  }
   double scale = 1;
   if (pos < text.size()) {
     switch (text[pos]) {

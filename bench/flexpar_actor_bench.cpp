@@ -13,6 +13,8 @@
 //     sleep (not spin) so that ranks oversubscribing the cores do not stretch each other's stages;
 //     the bubble = 1 - sum(busy) / (p x step time), next to (p - 1) / (m + p - 1); and the measured
 //     peak of activations in flight per stage, GPipe next to 1F1B.
+// Each run's result is checked after its timing (the chain's sum, the messages that crossed, the
+// pipeline's losses and stash peaks); the exit status is 1 when one is wrong.
 #include <mpi.h>
 
 #include <algorithm>
@@ -41,6 +43,10 @@ double median(std::vector<double> v) {
 }
 
 double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
+
+/// Results found wrong on this rank (each measured run's result is checked after its timing); the
+/// exit status is 1 when any rank found one.
+int failures = 0;
 
 /// A chain source -> `relays` relays -> sink of `messages` messages; seconds for the run.
 template <std::size_t N>
@@ -75,9 +81,11 @@ double local_chain(flexpar::actor_executor& pool, int relays, std::int64_t messa
   pool.run(g, flexpar::deadline_after(std::chrono::seconds(120)));
   const double s = seconds_since(t0);
   const std::int64_t expected = messages * (messages - 1) / 2 + messages * relays;
-  if (sum != expected)
+  if (sum != expected) {
     std::fprintf(stderr, "local chain: wrong sum %lld (expected %lld)\n", static_cast<long long>(sum),
                  static_cast<long long>(expected));
+    ++failures;
+  }
   return s;
 }
 
@@ -105,8 +113,11 @@ double cross_rank_stream(flexpar::communicator& comm, std::int64_t messages, boo
     x = i++;
     return fire_result::emit;
   });
-  std::int64_t count = 0;
-  auto& sink = g.add_actor<in<std::int64_t>>(1, "sink", [&count](const std::int64_t&) { ++count; });
+  std::int64_t count = 0, sum = 0;
+  auto& sink = g.add_actor<in<std::int64_t>>(1, "sink", [&count, &sum](const std::int64_t& x) {
+    ++count;
+    sum += x;
+  });
   g.connect(src.template output<0>(), sink.template input<0>());
   flexpar::actor_executor pool(1);
   MPI_Barrier(comm.mpi_comm());
@@ -119,6 +130,12 @@ double cross_rank_stream(flexpar::communicator& comm, std::int64_t messages, boo
     pool.run(g, flexpar::deadline_after(std::chrono::seconds(120)));
   }
   double s = seconds_since(t0);
+  if (comm.rank() == 1 && (count != messages || sum != messages * (messages - 1) / 2)) {
+    std::fprintf(stderr, "cross-rank stream: %lld messages summing to %lld arrived (expected %lld summing to %lld)\n",
+                 static_cast<long long>(count), static_cast<long long>(sum), static_cast<long long>(messages),
+                 static_cast<long long>(messages * (messages - 1) / 2));
+    ++failures;
+  }
   MPI_Bcast(&s, 1, MPI_DOUBLE, 1, comm.mpi_comm());
   return s;
 }
@@ -278,10 +295,12 @@ int main(int argc, char** argv) {
                       }});
         }
         b.micro_batches(m).schedule(schedule);
-        b.input([](int, std::vector<float>& x) { x.assign(16, 1.0f); });
-        b.loss([](int, const std::vector<float>& y, std::vector<float>& g) {
+        b.input([](int mb, std::vector<float>& x) { x.assign(16, static_cast<float>(mb + 1)); });
+        b.loss([](int, const std::vector<float>& y, std::vector<float>& g) {  // sum(y): 16 (mb + 1) through identities
           g.assign(y.size(), 1.0f);
-          return 0.0f;
+          float sum = 0.0f;
+          for (float v : y) sum += v;
+          return sum;
         });
         flexpar::pipeline pipe = b.build();
         std::vector<double> bubbles;
@@ -295,6 +314,20 @@ int main(int argc, char** argv) {
           MPI_Reduce(&stats.step_seconds, &step_max, 1, MPI_DOUBLE, MPI_MAX, 0, comm.mpi_comm());
           bubbles.push_back(1.0 - busy_sum / (p * step_max));
           peak = stats.peak_activations;
+          // the step's result, after its timing: every micro-batch's loss on the last stage, and this
+          // stage's stash peak as the schedule has it (doc/actors.md: GPipe m, 1F1B min(p - s, m))
+          bool right = stats.losses.size() == (stats.stage == p - 1 ? static_cast<std::size_t>(m) : 0u);
+          for (std::size_t mb = 0; right && mb < stats.losses.size(); ++mb)
+            right = stats.losses[mb] == 16.0f * static_cast<float>(mb + 1);
+          const std::size_t want_peak = schedule == flexpar::pipeline_schedule::gpipe
+                                            ? static_cast<std::size_t>(m)
+                                            : static_cast<std::size_t>(std::min(p - stats.stage, m));
+          if (!right || stats.peak_activations != want_peak) {
+            std::fprintf(stderr, "pipeline %s m = %d, stage %d: %zu losses, peak %zu (expected peak %zu)\n",
+                         std::string(flexpar::name_of(schedule)).c_str(), m, stats.stage, stats.losses.size(),
+                         stats.peak_activations, want_peak);
+            ++failures;
+          }
         }
         MPI_Gather(&peak, 1, MPI_UNSIGNED_LONG, peaks.data(), 1, MPI_UNSIGNED_LONG, 0, comm.mpi_comm());
         if (rank == 0) {
@@ -310,7 +343,9 @@ int main(int argc, char** argv) {
         }
       }
     }
+    MPI_Allreduce(MPI_IN_PLACE, &failures, 1, MPI_INT, MPI_SUM, comm.mpi_comm());
+    if (rank == 0) std::printf("\n# verified: every run's result after its timing, %d wrong\n", failures);
   }
   MPI_Finalize();
-  return 0;
+  return failures == 0 ? 0 : 1;
 }

@@ -5,7 +5,8 @@
 //     bytes by flexpar's collective and by MPI_Allreduce on the same machine in the same run.
 // (b) negotiation: steady-state step of K tiny (4-byte) tensors with the response cache and without
 //     (capacity 0); overhead per tensor = (step - one fused allreduce of K floats) / K.
-// Times are medians over the steps, slowest rank.
+// Times are medians over the steps, slowest rank. After its timing each engine runs one more step on
+// inputs that differ by rank and element, checked against the exact sums (exit status 1 if wrong).
 //
 //   mpiexec -n 2 flexpar_engine_bench [-n 1024] [-s 4096] [--steps 30]
 #include <mpi.h>
@@ -48,6 +49,25 @@ void engine_step(flexpar::engine& eng, std::vector<std::vector<float>>& tensors,
   for (auto& h : handles) h.wait();
 }
 
+/// One more step of `eng`, untimed, on inputs that differ by rank and element: the elements that differ
+/// from the exact sum over the ranks (small integers), on every rank together.
+long long wrong_after_one_step(flexpar::engine& eng, std::vector<std::vector<float>>& tensors,
+                               const std::vector<std::string>& names, int rank, int size) {
+  auto value = [](int r, std::size_t t, std::size_t i) { return static_cast<float>((r + 1) * ((t + i) % 5 + 1)); };
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    for (std::size_t i = 0; i < tensors[t].size(); ++i) tensors[t][i] = value(rank, t, i);
+  engine_step(eng, tensors, names);
+  long long wrong = 0;
+  for (std::size_t t = 0; t < tensors.size(); ++t)
+    for (std::size_t i = 0; i < tensors[t].size(); ++i) {
+      float want = 0.0f;
+      for (int r = 0; r < size; ++r) want += value(r, t, i);
+      wrong += tensors[t][i] != want;
+    }
+  MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  return wrong;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -83,13 +103,16 @@ int main(int argc, char** argv) {
     auto fused_cfg = base, unfused_cfg = base;
     unfused_cfg.fusion_threshold = 0;
     double fused = 0, unfused = 0;
+    long long wrong = 0;  // of one more step of each engine, after its timing
     {
       flexpar::engine eng(comm, fused_cfg);
       fused = time_steps(steps, [&] { engine_step(eng, data, names); });
+      wrong += wrong_after_one_step(eng, data, names, rank, size);
     }
     {
       flexpar::engine eng(comm, unfused_cfg);
       unfused = time_steps(std::max(3, steps / 3), [&] { engine_step(eng, data, names); });
+      wrong += wrong_after_one_step(eng, data, names, rank, size);
     }
     const double single = time_steps(steps, [&] { flexpar::allreduce(comm, std::span(big), flexpar::reduce_op::sum); });
     const double mpi = time_steps(steps, [&] {
@@ -106,10 +129,12 @@ int main(int argc, char** argv) {
     {
       flexpar::engine eng(comm, base);
       with_cache = time_steps(steps, [&] { engine_step(eng, small, small_names); });
+      wrong += wrong_after_one_step(eng, small, small_names, rank, size);
     }
     {
       flexpar::engine eng(comm, no_cache);
       without_cache = time_steps(steps, [&] { engine_step(eng, small, small_names); });
+      wrong += wrong_after_one_step(eng, small, small_names, rank, size);
     }
     const double tiny_single =
         time_steps(steps, [&] { flexpar::allreduce(comm, std::span(tiny_fused), flexpar::reduce_op::sum); });
@@ -129,7 +154,9 @@ int main(int argc, char** argv) {
       std::printf("%-34s %12.1f %13.2f us\n", "engine, response cache off", without_cache,
                   (without_cache - tiny_single) / tiny);
       std::printf("%-34s %12.1f\n", "one allreduce of all (reference)", tiny_single);
+      std::printf("# verified: one more step of each engine against the exact sums, %lld wrong\n", wrong);
     }
+    if (wrong != 0) status = 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flexpar_engine_bench: %s\n", e.what());
     status = 1;

@@ -7,7 +7,8 @@
 // row per flexpar algorithm and one `mpi` row: the median over iterations of the slowest rank's
 // time, algbw = size / time, busbw = algbw * the nccl-tests factor (allreduce 2(p-1)/p;
 // reduce_scatter, allgather, alltoall (p-1)/p; broadcast, reduce 1), #wrong (elements that differ
-// from the exact answer after one more verified call) and vs_mpi = time(mpi) / time (busbw / busbw(mpi)
+// from the exact answer after one more call, untimed, summed over the ranks; the exit status is 1
+// when any row's is not 0) and vs_mpi = time(mpi) / time (busbw / busbw(mpi)
 // where busbw is defined; on one rank it is 0 for the gathers). A second table gives
 // the references of the same run: the single-thread `a[i] += b[i]` and memcpy bandwidth of rank 0,
 // and the point-to-point bandwidth between ranks 0 and 1 (flexpar transport, streamed isends).
@@ -26,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -300,12 +302,14 @@ double p2p_bandwidth(communicator& comm, std::size_t bytes, int iterations) {
 #if FLEXPAR_HAVE_CUDA
 /// Runs the device collectives (in place for allreduce and broadcast; allgather and reduce_scatter out of
 /// place into a second device buffer, compared in flexpar's in-place layout) and prints their rows.
-void run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::size_t min_bytes, std::size_t max_bytes,
-                  int factor, int warmup, int iterations, bool check) {
+/// Returns the sum over rows and ranks of #wrong.
+long long run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::size_t min_bytes,
+                       std::size_t max_bytes, int factor, int warmup, int iterations, bool check) {
+  long long total_wrong = 0;
   namespace fc = flexpar::cuda;
   const int p = comm.size(), me = comm.rank();
   const int devices = fc::device_count();
-  if (devices == 0) throw flexpar::usage_error("flexpar_perf --gpu: no CUDA device is present");
+  if (devices == 0) throw flexpar::usage_error("--gpu: no CUDA device is present");
   const int device = comm.topology().local_rank() % devices;
   const fc::device_guard on(device);
   fc::device_options options;  // NCCL puts one rank per GPU: ranks that share one run the staged path only
@@ -388,7 +392,16 @@ void run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::s
         rows.push_back({std::string(fc::name_of(path)), t, wrong});
       }
       fill(s);
-      rows.push_back({"mpi(host)", time_median(comm.mpi_comm(), warmup, iterations, [&] { run_mpi(s); }), 0});
+      const double mpi_time = time_median(comm.mpi_comm(), warmup, iterations, [&] { run_mpi(s); });
+      long long mpi_wrong = 0;
+      if (check) {  // one more call of MPICH's collective on a fresh host buffer, verified like the others
+        fill(s);
+        run_mpi(s);
+        mpi_wrong = count_wrong(s);
+        FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &mpi_wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()));
+      }
+      rows.push_back({"mpi(host)", mpi_time, mpi_wrong});
+      for (const row& r : rows) total_wrong += r.wrong;
       // the reference of the same run: a device-to-device copy of the same bytes on rank 0's GPU
       const double copy = time_median(comm.mpi_comm(), warmup, iterations, [&] {
         fc::copy_async(other.span().first(count), fc::device_span<const float>(data.data(), count), stream);
@@ -396,7 +409,6 @@ void run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::s
       });
       if (me == 0) {
         const double size = static_cast<double>(count * sizeof(float));
-        const double mpi_time = rows.back().time;
         for (const row& r : rows) {
           const double algbw = size / r.time / 1e9, busbw = algbw * bus_factor(c, p);
           // MPICH's time over this path's: the ratio of their busbw where that is defined, and still
@@ -411,15 +423,28 @@ void run_gpu_mode(communicator& comm, const std::vector<collective>& ops, std::s
       }
     }
   }
+  return total_wrong;
 }
 #endif
 
 }  // namespace
 
+/// "allreduce, reduce_scatter, ..." (the keys of `names`).
+template <class Map>
+std::string known(const Map& names) {
+  std::string text;
+  for (const auto& [name, value] : names) text.append(text.empty() ? "" : ", ").append(name);
+  return text;
+}
+
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+  // Errors of the command line are the same on every rank: rank 0 alone says them, once per job.
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   CLI::App app{"flexpar_perf: flexpar collectives vs MPI's, nccl-tests style"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   std::string min_text = "4K", max_text = "64M", ops_text = "allreduce", algorithms_text;
   int factor = 2, iterations = 20, warmup = 5, check = 1;
   app.add_option("-b,--minbytes", min_text, "smallest size (bytes; K, M, G suffixes)");
@@ -435,10 +460,32 @@ int main(int argc, char** argv) {
   bool gpu_mode = false;
   app.add_flag("--gpu", gpu_mode, "device buffers: flexpar's device paths (nccl, staged) vs MPICH on host buffers");
   int exit_code = 0;
+  std::vector<collective> ops;
+  std::vector<algorithm> asked;
+  std::size_t min_bytes = 0, max_bytes = 0;
   try {
     app.parse(argc, argv);
+    for (const auto& name :
+         split_list(ops_text == "all" ? "allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall" : ops_text)) {
+      if (!collective_names.count(name))
+        throw CLI::ValidationError(
+            "--ops", "unknown collective '" + name + "' (known: " + known(collective_names) + ", or all)");
+      ops.push_back(collective_names.at(name));
+    }
+    for (const auto& name : split_list(algorithms_text)) {
+      if (!algorithm_names.count(name))
+        throw CLI::ValidationError("--algorithms",
+                                   "unknown algorithm '" + name + "' (known: " + known(algorithm_names) + ")");
+      asked.push_back(algorithm_names.at(name));
+    }
+    min_bytes = parse_size(min_text);
+    max_bytes = parse_size(max_text);
+    if (min_bytes > max_bytes)
+      throw CLI::ValidationError("-b/-e", "the smallest size " + min_text + " is larger than the largest " + max_text +
+                                              ": no rows to measure");
   } catch (const CLI::ParseError& e) {
-    exit_code = app.exit(e);
+    std::ostringstream quiet;  // ranks other than 0 print nothing
+    exit_code = world_rank == 0 ? app.exit(e) : app.exit(e, quiet, quiet);
     MPI_Finalize();
     return exit_code;
   }
@@ -446,26 +493,15 @@ int main(int argc, char** argv) {
   try {
     communicator comm = communicator::from_mpi(MPI_COMM_WORLD);
     const int p = comm.size(), me = comm.rank();
-    std::vector<collective> ops;
-    for (const auto& name :
-         split_list(ops_text == "all" ? "allreduce,reduce_scatter,allgather,broadcast,reduce,alltoall" : ops_text)) {
-      if (!collective_names.count(name)) throw flexpar::usage_error("flexpar_perf: unknown collective '" + name + "'");
-      ops.push_back(collective_names.at(name));
-    }
-    std::vector<algorithm> asked;
-    for (const auto& name : split_list(algorithms_text)) {
-      if (!algorithm_names.count(name)) throw flexpar::usage_error("flexpar_perf: unknown algorithm '" + name + "'");
-      asked.push_back(algorithm_names.at(name));
-    }
-    const std::size_t min_bytes = parse_size(min_text), max_bytes = parse_size(max_text);
+    long long total_wrong = 0;  // over every row and rank: the exit status is 1 unless it is 0
     bool gpu_mode_done = false;
     if (gpu_mode) {
 #if FLEXPAR_HAVE_CUDA
-      run_gpu_mode(comm, ops, min_bytes, max_bytes, factor, warmup, iterations, check != 0);
+      total_wrong = run_gpu_mode(comm, ops, min_bytes, max_bytes, factor, warmup, iterations, check != 0);
       std::fflush(stdout);
       gpu_mode_done = true;
 #else
-      throw flexpar::usage_error("flexpar_perf --gpu: this build of flexpar has no CUDA (FLEXPAR_WITH_CUDA)");
+      throw flexpar::usage_error("--gpu: this build of flexpar has no CUDA (FLEXPAR_WITH_CUDA)");
 #endif
     }
     if (!gpu_mode_done) {
@@ -507,6 +543,7 @@ int main(int argc, char** argv) {
               FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()));
             }
             rows.push_back({label, t, wrong});
+            total_wrong += wrong;
           };
           for (algorithm a : algorithms_for(c, asked, comm)) {
             std::string label(flexpar::name_of(a));
@@ -546,9 +583,15 @@ int main(int argc, char** argv) {
         FLEXPAR_CHECK_MPI(MPI_Barrier(comm.mpi_comm()));
       }
     }
+    if (check && me == 0)
+      std::printf("# verified: one more call per row against the exact answer, %lld wrong in all\n", total_wrong);
+    if (total_wrong != 0) exit_code = 1;
     std::fflush(stdout);
+  } catch (const flexpar::usage_error& e) {
+    if (world_rank == 0) std::fprintf(stderr, "flexpar_perf: %s\n", e.what());  // the same on every rank: once
+    exit_code = 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "flexpar_perf: %s\n", e.what());
+    std::fprintf(stderr, "flexpar_perf: %s\n", e.what());  // names its rank: each rank's own
     exit_code = 1;
   }
   MPI_Finalize();

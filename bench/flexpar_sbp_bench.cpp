@@ -31,6 +31,9 @@
 //   boxing's: same memory, same state, without the boxing). P -> S(1)'s group has that front call
 //   too: the fastest form of the bare, the call P -> S(1) makes on strided rows made on contiguous
 //   blocks (on the Intel host the out-of-place form took up to 2.6x of it at 1 MiB).
+// After the timing of each size (first repeat), every boxing runs once more on values that differ by
+// element and, under P(sum), by rank, and its result is compared with the logical tensor; the exit
+// status is 1 when an element differs.
 // Two controls sit beside P -> B, whose boxing makes exactly the bare's call (an in-place allreduce):
 // the same call on the buffer of a tensor made by from_full ("on tensor": the boxing's memory, without
 // the boxing), and the bare again on a second buffer of the caller's ("A/A": two runs of one call on
@@ -56,8 +59,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include <flexpar/core/check_mpi.hpp>
 #include <flexpar/sbp/sbp.hpp>
 
 #include "bench_cli.hpp"
@@ -167,6 +172,36 @@ variant call_on_tensor(const placement<1>& mesh, const shape_t& shape, const fle
           [t, call] { call((*t)->to_local()); }, [t] { t->reset(); }};
 }
 
+/// One more call of to<To>, untimed, on a tensor whose values differ by element and, under P(sum), by
+/// rank (rank r < p - 1 holds a small summand of its own, the last one the logical tensor minus them:
+/// sums of small integers, exact): the elements of its result, gathered by to_full (no boxing), that
+/// differ from the logical tensor, over every rank.
+template <class From, class To>
+long long wrong_boxing(const placement<1>& mesh, const shape_t& shape) {
+  const int p = mesh.parent().size(), me = mesh.parent().rank();
+  std::vector<float> logical(elements_of(shape)), mine(logical.size());
+  for (std::size_t i = 0; i < logical.size(); ++i) logical[i] = static_cast<float>(static_cast<int>(i % 17) - 8);
+  auto summand = [](int r, std::size_t i) {
+    return static_cast<float>(static_cast<int>((i + 3 * static_cast<std::size_t>(r)) % 5) - 2);
+  };
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    mine[i] = logical[i];
+    if (me < p - 1) {
+      mine[i] = summand(me, i);
+    } else {
+      for (int r = 0; r < p - 1; ++r) mine[i] -= summand(r, i);
+    }
+  }
+  auto t = std::is_same_v<From, partial_sum> ? global_tensor<float, From>::from_local(mesh, shape, mine)
+                                             : global_tensor<float, From>::from_full(mesh, shape, logical);
+  const std::vector<float> got = to<To>(std::move(t)).to_full();
+  long long wrong = got.size() == logical.size() ? 0 : static_cast<long long>(logical.size());
+  if (wrong == 0)
+    for (std::size_t i = 0; i < got.size(); ++i) wrong += got[i] != logical[i];
+  FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD));
+  return wrong;
+}
+
 /// A warm memcpy of `n` floats (the extra pass some boxings make), as a variant.
 variant memcpy_pass(flexpar::aligned_vector<float>& from, flexpar::aligned_vector<float>& to, std::size_t n) {
   return {nothing, [&from, &to, n] { std::memcpy(to.data(), from.data(), n * sizeof(float)); }, nothing};
@@ -259,6 +294,7 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return code;
   }
+  int status = 0;
   {
     flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
     placement<1> mesh(comm, {comm.size()}, {}, std::make_shared<buffer_pool>(std::size_t{1} << 30));
@@ -269,6 +305,7 @@ int main(int argc, char** argv) {
     std::vector<std::vector<row>> repeats;  // every repeat's rows, in one order
     std::vector<std::vector<forms>> form_repeats;
     std::vector<std::vector<controls>> control_repeats;
+    long long wrong = 0;  // elements of the verified boxings' results that differ, over ranks and sizes
     for (int rep = 0; rep < repeat; ++rep) {
       std::vector<row> rows;
       std::vector<forms> reduce_scatter_forms;
@@ -400,6 +437,14 @@ int main(int argc, char** argv) {
                memcpy_pass(scratch_a, scratch_b, block - block / up)});
           rows.push_back({"S(0) -> S(1)", bytes, m[0], m[1], m[2], m[3]});
         }
+        if (rep == 0) {  // every boxing timed above, once more on values that show a wrong result
+          wrong += wrong_boxing<partial_sum, broadcast>(mesh, shape);
+          wrong += wrong_boxing<partial_sum, split<0>>(mesh, shape);
+          wrong += wrong_boxing<partial_sum, split<1>>(mesh, shape);
+          wrong += wrong_boxing<split<0>, broadcast>(mesh, shape);
+          wrong += wrong_boxing<split<1>, broadcast>(mesh, shape);
+          wrong += wrong_boxing<split<0>, split<1>>(mesh, shape);
+        }
       }
       if (rank == 0) {
         std::printf(
@@ -443,7 +488,9 @@ int main(int argc, char** argv) {
       control_repeats.push_back(std::move(allreduce_controls));
     }
     if (rank == 0 && repeat > 1) print_over_repeats(repeats, form_repeats, control_repeats);
+    if (rank == 0) std::printf("# verified: one more call of every boxing per size, %lld wrong\n", wrong);
+    status = wrong == 0 ? 0 : 1;
   }
   MPI_Finalize();
-  return 0;
+  return status;
 }

@@ -32,7 +32,7 @@ using clock_type = std::chrono::steady_clock;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
-  if (!in) throw flexpar::usage_error(std::string("flexpar_search: cannot read ").append(path));
+  if (!in) throw flexpar::usage_error(std::string("cannot read ").append(path));
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
@@ -44,6 +44,8 @@ struct model_options {
   std::size_t layers = 16;
 };
 
+constexpr const char* model_names = "mlp, cnn, cnn_small, transformer, dlrm";
+
 graph build_model(const model_options& m) {
   auto batch_or = [&](std::size_t b) { return m.batch ? m.batch : b; };
   if (m.model == "mlp") return reference::mlp(batch_or(256), {1024, 4096, 4096, 1024});
@@ -51,12 +53,21 @@ graph build_model(const model_options& m) {
   if (m.model == "cnn_small") return reference::cnn_small(batch_or(32), 16, 16);
   if (m.model == "transformer") return reference::transformer(m.layers, batch_or(32), 512, 1024);
   if (m.model == "dlrm") return reference::dlrm(batch_or(4096), 8, 1000000);
+  if (!std::ifstream(m.model))
+    throw flexpar::usage_error("--model " + m.model + ": not a model (" + model_names +
+                               ") and not a graph JSON file that can be read");
   return graph_from_json(read_file(m.model));
 }
 
 cluster build_cluster(const std::string& spec) {
-  for (const std::string& name : preset_names())
+  std::string presets;
+  for (const std::string& name : preset_names()) {
     if (name == spec) return preset(spec);
+    presets.append(presets.empty() ? "" : ", ").append(name);
+  }
+  if (!std::ifstream(spec))
+    throw flexpar::usage_error("--cluster " + spec + ": not a preset (" + presets +
+                               ") and not a cluster JSON file that can be read");
   return cluster_from_json(read_file(spec));
 }
 
@@ -195,14 +206,13 @@ struct run_options {
 
 int run_on_ranks(int argc, char** argv, const run_options& ro) {
   if (ro.model != "mlp" && ro.model != "cnn_small")
-    throw flexpar::usage_error(
-        std::string("flexpar_search --run: runs --model mlp or cnn_small, not ").append(ro.model));
+    throw flexpar::usage_error(std::string("--run: runs --model mlp or cnn_small, not ").append(ro.model));
   const bool cnn = ro.model == "cnn_small";
   const std::size_t batch = ro.batch ? ro.batch : (cnn ? 32 : 64);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
   int code = 0;
-  {
+  try {
     flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
     const int p = comm.size();
     const bool root = comm.rank() == 0;
@@ -306,6 +316,14 @@ int run_on_ranks(int argc, char** argv, const run_options& ro) {
                     simulated * 1e3, measured * 1e3, 100.0 * (simulated - measured) / measured, diff[k]);
       if (diff[k] != 0) code = 1;
     }
+  } catch (const flexpar::usage_error& e) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) std::fprintf(stderr, "flexpar_search: %s\n", e.what());  // the same on every rank: once
+    code = 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flexpar_search: %s\n", e.what());  // names its rank
+    code = 2;
   }
   MPI_Finalize();
   return code;
@@ -314,19 +332,23 @@ int run_on_ranks(int argc, char** argv, const run_options& ro) {
 
 int main(int argc, char** argv) {
   CLI::App app{"flexpar_search: FlexFlow-style SOAP strategy search on the flexpar simulator"};
+  app.option_defaults()->always_capture_default();  // --help shows every default
   model_options m;
   std::string cluster_spec = "16-4-slow-inter", export_path, import_path;
   search_options o;
   std::uint64_t seed = 1;
   bool quiet = false, bench = false, show_expert = false, run = false;
   run_options ro;
-  app.add_option("--model", m.model, "mlp, cnn, cnn_small, transformer, dlrm, or a graph JSON file")
-      ->capture_default_str();
+  app.add_option("--model", m.model, std::string(model_names) + ", or a graph JSON file")->capture_default_str();
   app.add_option("--batch", m.batch, "global batch (0: the model's default)");
   app.add_option("--layers", m.layers, "Transformer blocks")->capture_default_str();
   app.add_option("--cluster", cluster_spec, "a preset (16-4-slow-inter, 64-8, 8-1, 2-1-cpu) or a cluster JSON file")
       ->capture_default_str();
-  app.add_option("--iterations", o.iterations, "MCMC proposals (0: use --seconds)")->capture_default_str();
+  app.add_option("--iterations", o.iterations,
+                 "MCMC steps in all, divided evenly among the chains (one per starting strategy: data parallel, "
+                 "the expert, --random-starts random ones); a step that draws an op's current config is skipped, so "
+                 "at most this many proposals are evaluated (0: use --seconds)")
+      ->capture_default_str();
   app.add_option("--seconds", o.seconds, "wall-clock budget (0: use --iterations)");
   app.add_option("--seed", seed, "RNG seed")->capture_default_str();
   app.add_option("--random-starts", o.random_starts, "random initial strategies")->capture_default_str();
@@ -379,12 +401,18 @@ int main(int argc, char** argv) {
                 r.data_parallel_time * 1e3, r.expert_time * 1e3, r.data_parallel_time / r.expert_time,
                 r.best_time * 1e3, r.data_parallel_time / r.best_time,
                 r.beat_data_parallel ? "" : " (returned data parallelism)");
-    std::printf("search: %zu proposals (%zu accepted) in %.2f s, seed %llu\n", r.proposals, r.accepted, r.seconds,
-                static_cast<unsigned long long>(seed));
+    const std::string budget =
+        o.iterations > 0 ? "--iterations " + std::to_string(o.iterations) + ": " + std::to_string(r.chains) +
+                               " chains of " + std::to_string(o.iterations / std::max<std::size_t>(1, r.chains))
+                         : "--seconds " + std::to_string(o.seconds) + " over " + std::to_string(r.chains) + " chains";
+    std::printf(
+        "search: %zu steps (%s), %zu proposals evaluated (the other steps drew the op's current config), %zu "
+        "accepted, in %.2f s, seed %llu\n",
+        r.steps, budget.c_str(), r.proposals, r.accepted, r.seconds, static_cast<unsigned long long>(seed));
     if (!export_path.empty()) {
       std::ofstream out(export_path);
       out << to_json(g, r.best) << "\n";
-      if (!out) throw flexpar::usage_error(std::string("flexpar_search: cannot write ").append(export_path));
+      if (!out) throw flexpar::usage_error(std::string("cannot write ").append(export_path));
       std::printf("strategy written to %s\n", export_path.c_str());
     }
   } catch (const flexpar::error& e) {

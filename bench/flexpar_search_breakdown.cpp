@@ -83,7 +83,7 @@ tensor shard_gemm(const tensor& a, bool ta, const tensor& b, bool tb) {
                 static_cast<int>(cols), static_cast<int>(inner), 1.0f, a.to_local().data(),
                 static_cast<int>(ba.extent[1]), b.to_local().data(), static_cast<int>(bb.extent[1]), 0.0f, c.data(),
                 static_cast<int>(cols));
-  return tensor::from_local(a.where(), {m, n}, sig.out, std::move(c));
+  return tensor::adopt(a.where(), {m, n}, sig.out, std::move(c));
 }
 
 /// One instrumented step per call; returns the seconds per phase on this rank.
@@ -105,7 +105,7 @@ std::array<double, phases> timed_step(flexpar::sbp::placement<1>& mesh, const gr
     } else {
       flexpar::aligned_vector<float> v(in[i]->to_local().begin(), in[i]->to_local().end());
       for (float& e : v) e = e > 0 ? e : 0.0f;
-      out[i] = tensor::from_local(in[i]->where(), in[i]->shape(), in[i]->layout(), std::move(v));
+      out[i] = tensor::adopt(in[i]->where(), in[i]->shape(), in[i]->layout(), std::move(v));
       clock.lap(relu);
     }
     x = out[i]->clone();
@@ -126,7 +126,7 @@ std::array<double, phases> timed_step(flexpar::sbp::placement<1>& mesh, const gr
       flexpar::aligned_vector<float> updated(w[i]->to_local().begin(), w[i]->to_local().end());
       const auto grad = dw.to_local();
       for (std::size_t k = 0; k < updated.size(); ++k) updated[k] -= grad[k] / 1024.0f;
-      w[i] = tensor::from_local(w[i]->where(), w[i]->shape(), w[i]->layout(), std::move(updated));
+      w[i] = tensor::adopt(w[i]->where(), w[i]->shape(), w[i]->layout(), std::move(updated));
       dy = std::move(dx);
       clock.lap(update);
     } else {
@@ -136,7 +136,7 @@ std::array<double, phases> timed_step(flexpar::sbp::placement<1>& mesh, const gr
       const auto o = out[i]->to_local();
       for (std::size_t k = 0; k < v.size(); ++k)
         if (!(o[k] > 0)) v[k] = 0.0f;
-      dy = tensor::from_local(dy.where(), dy.shape(), dy.layout(), std::move(v));
+      dy = tensor::adopt(dy.where(), dy.shape(), dy.layout(), std::move(v));
       clock.lap(relu);
     }
   }

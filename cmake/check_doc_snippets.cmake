@@ -3,13 +3,26 @@
 # Every code block in README.md and doc/*.md that is preceded by a line
 #   <!-- snippet: samples/FILE.cpp#NAME -->
 # must equal the region of samples/FILE.cpp between `// [snippet:NAME]` and `// [/snippet:NAME]`
-# (leading indentation common to the region removed). Fails naming the first block that differs.
+# (leading indentation common to the region removed). Fails naming the first block that differs, and
+# names any ```cpp block that has no such line: every C++ block in the docs is compiled code.
 file(GLOB docs "${ROOT}/README.md" "${ROOT}/doc/*.md")
 set(checked 0)
 foreach(doc IN LISTS docs)
   file(READ "${doc}" text)
   # CMake lists split on ';' — code is full of them: stand them in by a token while matching.
   string(REPLACE ";" "<semicolon>" text "${text}")
+  # every ```cpp line must follow a snippet line
+  string(REPLACE "\n" ";" lines "${text}")
+  set(previous "")
+  set(line_number 0)
+  foreach(line IN LISTS lines)
+    math(EXPR line_number "${line_number} + 1")
+    if(line STREQUAL "```cpp" AND NOT previous MATCHES "^<!-- snippet: [^ ]+ -->$")
+      message(FATAL_ERROR "${doc}:${line_number}: a ```cpp block without a <!-- snippet: samples/FILE.cpp#NAME --> "
+                          "line before it: make it a region of a sample, so that it is compiled and checked")
+    endif()
+    set(previous "${line}")
+  endforeach()
   string(REGEX MATCHALL "<!-- snippet: [^ ]+ -->\n```[a-z]*\n[^`]*```" blocks "${text}")
   foreach(block IN LISTS blocks)
     string(REGEX MATCH "<!-- snippet: ([^#]+)#([^ ]+) -->" _ "${block}")

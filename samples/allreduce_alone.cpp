@@ -1,12 +1,15 @@
 // samples/allreduce_alone.cpp — flexpar's collectives on an existing MPI communicator, nothing else.
 //
-//   mpiexec -n 3 build/samples/allreduce_alone
-#include <cstdio>
-#include <numeric>
-#include <vector>
+//   mpiexec.mpich -n 3 build/samples/allreduce_alone
+// The snippet is the whole program: doc/guide-collectives.md shows it, and a test builds it from the
+// guide with the guide's pkg-config line (tests/support/run_guide_commands.sh).
 
 // [snippet:collectives]
 #include <flexpar/collective.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
 
 int main(int argc, char** argv) {
   int provided;

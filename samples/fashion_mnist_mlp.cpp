@@ -33,6 +33,7 @@
 
 #include "support/fashion_mnist.hpp"
 #include "support/mlp.hpp"
+#include "support/training_cli.hpp"
 
 #ifdef FLEXPAR_SAMPLE_OPENBLAS
 extern "C" void openblas_set_num_threads(int);  // OpenBLAS's own entry point (cblas.h may be another BLAS's)
@@ -42,23 +43,13 @@ namespace {
 
 namespace fm = flexpar::samples;
 
-struct settings {
+struct settings : fm::training_settings {
   std::string algorithm = "gradient_allreduce";
-  int epochs = 10;
-  std::size_t batch = 64;  // per rank
-  float lr = 0.05f;
-  float momentum = 0.9f;
   std::string optimizer = "sgd";
-  std::string schedule = "cosine";
-  std::uint64_t seed = 1;
   int interval = 1;
   std::string peers = flexpar::relax::options{}.peers;
   int warmup = 100;
   float adam_epsilon = flexpar::relax::adam_options{}.epsilon;
-  std::size_t train_limit = 0;
-  std::size_t test_limit = 0;
-  double min_accuracy = 0;
-  std::string data_dir = fm::fashion_mnist_default_dir().string();
 };
 
 /// Scales the gradient by a learning-rate factor before the wrapped optimizer sees it. With SGD and
@@ -80,12 +71,6 @@ class scheduled_optimizer final : public flexpar::relax::optimizer {
   float factor_ = 1.0f;
   std::vector<float> scratch_;
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
 
 /// Sum over ranks of (loss, correct, examples).
 fm::batch_result sum_over_ranks(const fm::batch_result& r) {
@@ -112,23 +97,10 @@ int train(const settings& opt) {
   const int rank = comm.rank(), size = comm.size();
 
   // Data: every rank reads the files and keeps its shard of the training set and of the test set.
-  fm::fashion_mnist_set train_all = fm::load_fashion_mnist(fm::fashion_mnist_split::train, opt.data_dir);
-  fm::fashion_mnist_set test_all = fm::load_fashion_mnist(fm::fashion_mnist_split::test, opt.data_dir);
-  if (opt.train_limit != 0) train_all = train_all.first(opt.train_limit);
-  if (opt.test_limit != 0) test_all = test_all.first(opt.test_limit);
-  const fm::fashion_mnist_set train_set = train_all.shard(rank, size);
-  const fm::fashion_mnist_set test_set = test_all.shard(rank, size);
-  // Every rank takes the same number of steps (the collectives need it): the smallest shard's.
-  const std::size_t steps_per_epoch = train_all.count / static_cast<std::size_t>(size) / opt.batch;
-  if (steps_per_epoch == 0) {
-    std::string text = "fashion_mnist_mlp: ";
-    text.append(std::to_string(train_all.count))
-        .append(" training images over ")
-        .append(std::to_string(size))
-        .append(" ranks give no full batch of ")
-        .append(std::to_string(opt.batch));
-    throw flexpar::usage_error(text);
-  }
+  const fm::training_data data = fm::load_training_data(opt, rank, size, "fashion_mnist_mlp");
+  const fm::fashion_mnist_set& train_set = data.train;
+  const fm::fashion_mnist_set& test_set = data.test;
+  const std::size_t steps_per_epoch = data.steps_per_epoch;
   const std::size_t px = train_set.pixels();
   std::vector<float> train_x(train_set.images.size()), test_x(test_set.images.size());
   fm::normalize_pixels(train_set.images, train_x);
@@ -201,9 +173,7 @@ int train(const settings& opt) {
                     batch_x.begin() + static_cast<std::ptrdiff_t>(i * px));
         batch_y[i] = train_set.labels[k];
       }
-      if (opt.schedule == "cosine")
-        optimizer.set_factor(
-            0.5f * (1.0f + std::cos(3.14159265f * static_cast<float>(step_index) / static_cast<float>(total_steps))));
+      if (opt.schedule == "cosine") optimizer.set_factor(fm::schedule_factor(opt.schedule, step_index, total_steps));
       const auto t0 = clock::now();
       model.train_step(batch_x, batch_y, opt.batch, seen);
       const auto t1 = clock::now();
@@ -228,23 +198,20 @@ int train(const settings& opt) {
           "sent %.1f MB/rank  time %.1f s\n",
           epoch, opt.epochs, train_r.loss_sum / static_cast<double>(train_r.examples),
           static_cast<double>(train_r.correct) / static_cast<double>(train_r.examples),
-          static_cast<double>(test_r.correct) / static_cast<double>(test_r.examples), median(step_ms), median(comm_ms),
-          sent_sum / size / 1e6, train_seconds);
+          static_cast<double>(test_r.correct) / static_cast<double>(test_r.examples), fm::median(step_ms),
+          fm::median(comm_ms), sent_sum / size / 1e6, train_seconds);
     std::fflush(stdout);
   }
 
   algo->finish(params);
 
   // Consensus check: after finish() every replica must be rank 0's (bitwise).
-  std::vector<float> root_weights;
+  std::vector<float> weights;
   for (std::size_t l = 0; l < model.layers(); ++l) {
-    root_weights.insert(root_weights.end(), model.weight(l).begin(), model.weight(l).end());
-    root_weights.insert(root_weights.end(), model.bias(l).begin(), model.bias(l).end());
+    weights.insert(weights.end(), model.weight(l).begin(), model.weight(l).end());
+    weights.insert(weights.end(), model.bias(l).begin(), model.bias(l).end());
   }
-  std::vector<float> mine = root_weights;
-  MPI_Bcast(root_weights.data(), static_cast<int>(root_weights.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
-  int differ = std::equal(mine.begin(), mine.end(), root_weights.begin()) ? 0 : 1, ranks_differ = 0;
-  MPI_Allreduce(&differ, &ranks_differ, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  const int ranks_differ = fm::ranks_differing_from_root(weights);
 
   const fm::batch_result test_r = sum_over_ranks(evaluate(model, test_x, test_set));
   const flexpar::relax::traffic t = algo->traffic_so_far();
@@ -260,15 +227,9 @@ int train(const settings& opt) {
         "step_ms=%.3f comm_ms=%.3f train_s=%.2f test_accuracy=%.4f\n",
         std::string(algo->name()).c_str(), size, opt.epochs, static_cast<unsigned long long>(t.steps),
         static_cast<unsigned long long>(t.exchanges), static_cast<unsigned long long>(t.bytes_sent),
-        median(all_step_ms), median(all_comm_ms), train_seconds, accuracy);
-    std::printf("final test accuracy %.4f\n", accuracy);
+        fm::median(all_step_ms), fm::median(all_comm_ms), train_seconds, accuracy);
   }
-  if (accuracy < opt.min_accuracy) {
-    if (rank == 0)
-      std::printf("FAILED: final test accuracy %.4f is below --min-accuracy %.4f\n", accuracy, opt.min_accuracy);
-    return 1;
-  }
-  return ranks_differ != 0 ? 1 : 0;
+  return fm::final_status(rank, accuracy, opt.min_accuracy, ranks_differ);
 }
 
 }  // namespace
@@ -279,19 +240,10 @@ int main(int argc, char** argv) {
   std::string names;
   for (std::string_view n : flexpar::relax::algorithm_names()) names.append(names.empty() ? "" : ", ").append(n);
   app.add_option("--algorithm", opt.algorithm, names)->capture_default_str();
-  app.add_option("--epochs", opt.epochs, "passes over the training set")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--batch", opt.batch, "examples per step per rank")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--lr", opt.lr, "learning rate (peak of the schedule)")->capture_default_str();
-  app.add_option("--momentum", opt.momentum, "SGD momentum")->capture_default_str();
+  fm::add_training_options(app, opt, "cosine (decay to 0 over the run; sgd only) or constant");
   app.add_option("--optimizer", opt.optimizer, "sgd or adam")
       ->capture_default_str()
       ->check(CLI::IsMember({"sgd", "adam"}));
-  app.add_option("--schedule", opt.schedule, "cosine (decay to 0 over the run; sgd only) or constant")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"cosine", "constant"}));
-  app.add_option("--seed", opt.seed, "initial weights and shuffling")->capture_default_str();
   app.add_option("--interval", opt.interval, "communication interval k (decentralized, local_sgd)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -299,40 +251,13 @@ int main(int argc, char** argv) {
   app.add_option("--adam-epsilon", opt.adam_epsilon, "Adam's epsilon (adam, onebit_adam, qadam)")
       ->capture_default_str();
   app.add_option("--warmup", opt.warmup, "onebit_adam, qadam: full-precision Adam steps first")->capture_default_str();
-  app.add_option("--train-limit", opt.train_limit, "use only the first N training images (0 = all)")
-      ->capture_default_str();
-  app.add_option("--test-limit", opt.test_limit, "use only the first N test images (0 = all)")->capture_default_str();
-  app.add_option("--min-accuracy", opt.min_accuracy, "exit with status 1 if the final test accuracy is below this")
-      ->capture_default_str();
-  app.add_option("--data-dir", opt.data_dir, "folder of the four IDX .gz files (or FLEXPAR_FASHION_MNIST_DIR)")
-      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (opt.optimizer == "adam" && opt.schedule == "cosine") opt.schedule = "constant";  // Adam is scale-invariant
 
 #ifdef FLEXPAR_SAMPLE_OPENBLAS
   openblas_set_num_threads(1);  // one BLAS thread per rank: ranks already fill the cores
 #endif
-
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int status = 0;
-  if (!fm::fashion_mnist_present(opt.data_dir)) {
-    if (rank == 0)
-      std::fprintf(stderr,
-                   "fashion_mnist_mlp: Fashion-MNIST not found in %s (install dataset-fashion-mnist); skipping\n",
-                   opt.data_dir.c_str());
-    status = 77;
-  } else {
-    try {
-      status = train(opt);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "fashion_mnist_mlp: rank %d: %s\n", rank, e.what());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);  // the other ranks may be waiting in a collective
-    }
-  }
-  MPI_Finalize();
-  return status;
+  return fm::run_training(
+      "fashion_mnist_mlp", argc, argv, MPI_THREAD_MULTIPLE, opt.data_dir, [&] { return train(opt); },
+      [] { return std::string(); });
 }

@@ -9,7 +9,9 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,20 @@ void backward_of_layer(std::vector<float>& gradient, const std::vector<float>& w
   for (std::size_t i = 0; i < gradient.size(); ++i)
     gradient[i] = std::sin(weights[i] + 0.001f * static_cast<float>(step + rank)) * 0.01f;
 }
+
+/// What two ranks compare to find their weights identical: a hash of the bytes and the sum.
+struct checksum {
+  std::uint64_t hash = 14695981039346656037ull;  // FNV-1a offset basis
+  double sum = 0;
+  void add(const std::vector<float>& w) {
+    for (float x : w) {
+      sum += x;
+      unsigned char bytes[sizeof x];
+      std::memcpy(bytes, &x, sizeof x);
+      for (unsigned char b : bytes) hash = (hash ^ b) * 1099511628211ull;  // FNV-1a prime
+    }
+  }
+};
 
 }  // namespace
 
@@ -65,18 +81,23 @@ int main(int argc, char** argv) {
       if (comm.rank() == 0) std::printf("step %d: %.2f ms\n", step, ms);
     }
     // [/snippet:training]
-    // Every rank must hold the same weights: compare a checksum with rank 0's.
-    double sum = 0;
-    for (const auto& w : weights)
-      for (float x : w) sum += x;
-    double root_sum = sum;
-    MPI_Bcast(&root_sum, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    if (sum != root_sum) {
-      std::fprintf(stderr, "rank %d: weights differ from rank 0's (%.17g vs %.17g)\n", comm.rank(), sum, root_sum);
+    // Every rank must hold the same weights: every rank's checksums (an FNV-1a hash of the weights'
+    // bytes and their sum) gathered on every rank and compared, so that each rank decides alike.
+    checksum mine;
+    for (const auto& w : weights) mine.add(w);
+    std::vector<checksum> all(static_cast<std::size_t>(comm.size()));
+    MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, MPI_COMM_WORLD);
+    for (int r = 1; r < comm.size(); ++r) {
+      const checksum& c = all[static_cast<std::size_t>(r)];
+      if (c.hash == all[0].hash && c.sum == all[0].sum) continue;
+      if (comm.rank() == 0)
+        std::fprintf(stderr, "rank %d's weights differ from rank 0's (sum %.17g vs %.17g, hash %016llx vs %016llx)\n",
+                     r, c.sum, all[0].sum, static_cast<unsigned long long>(c.hash),
+                     static_cast<unsigned long long>(all[0].hash));
       status = 1;
-    } else if (comm.rank() == 0) {
-      std::printf("weights identical on all %d ranks (checksum %.6f)\n", comm.size(), sum);
     }
+    if (status == 0 && comm.rank() == 0)
+      std::printf("weights identical on all %d ranks (checksum %.6f)\n", comm.size(), mine.sum);
   }
   MPI_Finalize();
   return status;

@@ -12,34 +12,6 @@
 #include <string>
 
 namespace flexpar {
-namespace detail {
-
-void owned_mpi_comm::reset() noexcept {
-  if (comm_ == MPI_COMM_NULL) return;
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Comm_free(&comm_);
-  comm_ = MPI_COMM_NULL;
-}
-
-owned_mpi_comm duplicate_for_flexpar(MPI_Comm comm) {
-  MPI_Comm dup = MPI_COMM_NULL;
-  FLEXPAR_CHECK_MPI(MPI_Comm_dup(comm, &dup));
-  owned_mpi_comm owned(dup);
-  FLEXPAR_CHECK_MPI(MPI_Comm_set_errhandler(owned.get(), MPI_ERRORS_RETURN));
-  return owned;
-}
-
-owned_mpi_comm split_for_flexpar(MPI_Comm comm, int color, int key) {
-  MPI_Comm sub = MPI_COMM_NULL;
-  FLEXPAR_CHECK_MPI(MPI_Comm_split(comm, color < 0 ? MPI_UNDEFINED : color, key, &sub));
-  owned_mpi_comm owned(sub);
-  if (sub != MPI_COMM_NULL) FLEXPAR_CHECK_MPI(MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN));
-  return owned;
-}
-
-}  // namespace detail
-
 // ---- node_topology ------------------------------------------------------------------------------
 
 node_topology::node_topology(std::vector<int> node_of_rank, int my_rank) : node_of_rank_(std::move(node_of_rank)) {
@@ -90,6 +62,17 @@ std::string_view name_of(thread_need need) {
   return "?";
 }
 
+/// The launcher of each other MPI and the variable it sets to the number of processes it started.
+struct foreign_launcher {
+  std::string_view name;
+  std::string_view size_variable;
+};
+constexpr foreign_launcher foreign_launchers[] = {
+    {"Open MPI's mpirun/mpiexec", "OMPI_COMM_WORLD_SIZE"},
+    {"MVAPICH2's mpirun_rsh", "MV2_COMM_WORLD_SIZE"},
+    {"a PMI launcher (Hydra of another MPI build)", "PMI_SIZE"},
+};
+
 /// Node of every rank of `comm`: the lowest rank of its shared-memory group (MPI_Comm_split_type).
 std::vector<int> detect_nodes(MPI_Comm comm) {
   int rank = 0, size = 0;
@@ -106,6 +89,34 @@ std::vector<int> detect_nodes(MPI_Comm comm) {
 }
 
 }  // namespace
+
+namespace detail {
+
+std::optional<std::string> wrong_launcher(const std::function<std::optional<std::string>(std::string_view)>& lookup,
+                                          int world_size, std::string_view mpi_library) {
+  if (world_size != 1) return std::nullopt;
+  for (const foreign_launcher& l : foreign_launchers) {
+    const std::optional<std::string> value = lookup(l.size_variable);
+    if (!value) continue;
+    int started = 0;
+    try {
+      started = std::stoi(*value);
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (started <= 1) continue;
+    const bool mpich = mpi_library.find("MPICH") != std::string_view::npos;
+    std::string library(mpi_library.substr(0, mpi_library.find('\n')));
+    return "communicator::from_mpi: this process was started by " + std::string(l.name) + " for " +
+           std::to_string(started) + " processes (" + std::string(l.size_variable) + "=" + *value + "), but MPI (" +
+           library + ") sees a world of 1 rank: each process runs alone. flexpar is built with " +
+           (mpich ? std::string("MPICH: launch with mpiexec.mpich -n ") + std::to_string(started) + " <program>"
+                  : std::string("this MPI: launch with its own mpiexec"));
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
 
 communicator communicator::from_mpi(MPI_Comm comm, const config& cfg, thread_need need) {
   int initialized = 0, finalized = 0;
@@ -126,8 +137,20 @@ communicator communicator::from_mpi(MPI_Comm comm, const config& cfg, thread_nee
     throw usage_error(
         "communicator::from_mpi: the in-process transport has no MPI communicator; use "
         "run_in_process or inproc_world");
+  int world_size = 0, world_rank = 0;
+  FLEXPAR_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
+  FLEXPAR_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  char library[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int library_length = 0;
+  FLEXPAR_CHECK_MPI(MPI_Get_library_version(library, &library_length));
+  if (auto wrong = detail::wrong_launcher(config::environment_lookup, world_size,
+                                          std::string_view(library, static_cast<std::size_t>(library_length))))
+    throw usage_error("[rank " + std::to_string(world_rank) + "] " + *wrong);
 
-  detail::owned_mpi_comm own = detail::duplicate_for_flexpar(comm);
+  // The one collective here that can wait for a rank that never comes has a deadline; the blocking
+  // calls after it (MPI_Comm_split_type, the transport's set-up) run once every rank is known to be here.
+  detail::owned_mpi_comm own =
+      detail::duplicate_for_flexpar(comm, deadline_after(cfg.timeout), "communicator::from_mpi");
   int rank = 0, size = 0;
   FLEXPAR_CHECK_MPI(MPI_Comm_rank(own.get(), &rank));
   FLEXPAR_CHECK_MPI(MPI_Comm_size(own.get(), &size));
@@ -135,7 +158,14 @@ communicator communicator::from_mpi(MPI_Comm comm, const config& cfg, thread_nee
                                                   : node_topology(detect_nodes(own.get()), rank);
   std::unique_ptr<flexpar::transport> t =
       cfg.transport == transport_kind::ucx ? make_ucx_transport(own.get(), cfg) : make_mpi_transport(own.get(), cfg);
-  return communicator(std::move(t), std::move(topology), cfg, std::move(own));
+  communicator made(std::move(t), std::move(topology), cfg, std::move(own));
+  made.close_at_finalize(detail::finalize_registry::attach());
+  return made;
+}
+
+void communicator::close_at_finalize(std::shared_ptr<detail::finalize_registry> registry) {
+  // The transport object stays where it is when this communicator moves: the hook may point at it.
+  at_finalize_ = detail::finalize_hook(std::move(registry), [t = transport_.get()] { t->close(); });
 }
 
 namespace {
@@ -182,21 +212,25 @@ communicator::communicator(std::unique_ptr<flexpar::transport> t, node_topology 
 }
 
 std::optional<communicator> communicator::split(int color, int key) const {
-  // The MPI communicator (if any) and the transport split alike, so both keep the same ranks.
+  // The MPI communicator (if any) and the transport split alike, so both keep the same ranks. The
+  // transport first: its split makes sure every rank is here (with a deadline) before it blocks in
+  // MPI_Comm_split, and then the MPI communicator's split cannot wait for a rank that never comes.
+  std::unique_ptr<flexpar::transport> sub = transport_->split(color, key);
   detail::owned_mpi_comm sub_mpi;
   if (mpi_.get() != MPI_COMM_NULL) sub_mpi = detail::split_for_flexpar(mpi_.get(), color, key);
-  std::unique_ptr<flexpar::transport> sub = transport_->split(color, key);
   if (!sub) return std::nullopt;
   // The members' parent ranks, in their new order, give the restricted topology.
   const int my_parent = rank();
   std::vector<int> parents(static_cast<std::size_t>(sub->size()));
   detail::bootstrap_allgather(*sub, std::as_bytes(std::span(&my_parent, 1)), std::as_writable_bytes(std::span(parents)),
-                              default_deadline());
+                              default_deadline(), "communicator::split");
   std::vector<int> nodes;
   nodes.reserve(parents.size());
   for (int parent : parents) nodes.push_back(topology_.node_of(parent));
   node_topology topology(std::move(nodes), sub->rank());
-  return communicator(std::move(sub), std::move(topology), config_, std::move(sub_mpi));
+  communicator made(std::move(sub), std::move(topology), config_, std::move(sub_mpi));
+  made.close_at_finalize(at_finalize());
+  return made;
 }
 
 communicator communicator::split_node() const { return std::move(*split(topology_.my_node(), rank())); }

@@ -13,6 +13,8 @@
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/cuda/kernels.hpp>
 #include <flexpar/version.hpp>
+
+#include "ipc_group.hpp"
 #if FLEXPAR_HAVE_NCCL
 #include <flexpar/cuda/nccl.hpp>
 #endif
@@ -42,7 +44,8 @@ struct device_communicator::state {
   event done{false};
   std::vector<event> chunk_ready;  // D2H of a chunk has landed
   pinned_buffer<std::byte> staging;
-  device_buffer<std::byte> ring_scratch;  // the block the ring receives before reducing it
+  device_buffer<std::byte> ring_scratch;   // the block the ring receives before reducing it
+  std::unique_ptr<detail::ipc_group> ipc;  // the intra-node path, when every rank is on one node
 
   std::string prefix(std::string_view op) const {
     std::string text = "[rank " + std::to_string(host->rank()) + "] device ";
@@ -70,6 +73,7 @@ device_communicator::device_communicator(communicator& host, int device, device_
 #if FLEXPAR_HAVE_NCCL
   if (options.use_nccl) s->nccl.emplace(host, device);
 #endif
+  if (options.use_ipc && host.size() > 1) s->ipc = detail::ipc_group::create(host, device, options);
   s_ = std::move(s);
 }
 
@@ -87,6 +91,7 @@ bool device_communicator::has_nccl() const noexcept {
   return false;
 #endif
 }
+bool device_communicator::has_ipc() const noexcept { return s_->ipc != nullptr; }
 nccl_communicator* device_communicator::nccl() noexcept {
 #if FLEXPAR_HAVE_NCCL
   return s_->nccl ? &*s_->nccl : nullptr;
@@ -99,6 +104,12 @@ void device_communicator::check_sizes(std::string_view op, std::size_t have, std
   if (have == need) return;
   throw usage_error(s_->prefix(op) + "the buffers do not match: " + std::to_string(have) + " elements where " +
                     std::to_string(need) + " are needed");
+}
+
+void device_communicator::check_blocks(std::string_view op, std::size_t elements) const {
+  if (elements % static_cast<std::size_t>(size()) == 0) return;
+  throw usage_error(s_->prefix(op) + std::to_string(elements) + " elements do not split into " +
+                    std::to_string(size()) + " equal blocks");
 }
 
 device_communicator::choice device_communicator::choose(std::string_view op, std::size_t bytes) {
@@ -125,11 +136,16 @@ device_communicator::choice device_communicator::choose(std::string_view op, std
     nccl_cost = broadcast_chain_cost(p, b).seconds(link);
     copies = b;
     host_cost = broadcast_chain_cost(p, b).seconds(host_machine);
+  } else if (op == "alltoall") {  // bytes: the whole input
+    nccl_cost = alltoall_pairwise_cost(p, b).seconds(link);
+    copies = 2 * b;
+    host_cost = alltoall_pairwise_cost(p, b).seconds(host_machine);
   } else {
-    throw usage_error(s_->prefix(op) + "is not one of allreduce, allgather, reduce_scatter, broadcast");
+    throw usage_error(s_->prefix(op) + "is not one of allreduce, allgather, reduce_scatter, broadcast, alltoall");
   }
   const double inf = std::numeric_limits<double>::infinity();
-  choice c{device_path::staged, inf, inf, copies * s_->options.pcie_beta + host_cost};
+  choice c{device_path::staged, inf, inf, copies * s_->options.pcie_beta + host_cost, inf};
+  if (s_->ipc) c.ipc_seconds = s_->ipc->cost(op, b);
   if (has_nccl()) {
     c.nccl_seconds = nccl_cost;
     if (op == "allreduce" && p > 1) {
@@ -138,11 +154,15 @@ device_communicator::choice device_communicator::choose(std::string_view op, std
       c.ring_seconds =
           nccl_cost + steps * s_->options.kernel_alpha + 3.0 * (p - 1) * (b / p) * s_->options.device_gamma;
     }
-    if (c.ring_seconds < c.nccl_seconds && c.ring_seconds < c.staged_seconds)
-      c.path = device_path::ring;
-    else if (c.nccl_seconds <= c.staged_seconds)
-      c.path = device_path::nccl;
   }
+  // the cheapest; ties go to the earlier path in this order
+  const std::pair<double, device_path> ranked[] = {{c.nccl_seconds, device_path::nccl},
+                                                   {c.ipc_seconds, device_path::ipc},
+                                                   {c.ring_seconds, device_path::ring},
+                                                   {c.staged_seconds, device_path::staged}};
+  double best = inf;
+  for (const auto& [seconds, path] : ranked)
+    if (seconds < best) best = seconds, c.path = path;
   return c;
 }
 
@@ -221,6 +241,36 @@ void ring_allreduce(auto& s, nccl_communicator& nccl, dtype t, std::byte* data, 
     });
   }
 }
+
+// alltoall as grouped point-to-point on NCCL's stream: my own block by a device copy, then in one
+// group a send of block q to rank q and a receive of block q from rank q for every other rank.
+// Out of place only (a block sent may be overwritten by one received): an in-place call goes
+// through a scratch copy of the input.
+template <class T>
+void nccl_alltoall(auto& s, nccl_communicator& nccl, const T* in, T* out, std::size_t count, cudaStream_t caller) {
+  const int p = nccl.size(), me = nccl.rank();
+  const cudaStream_t own = nccl.stream();
+  s.ordered.record(caller);
+  stream_wait(own, s.ordered);
+  const std::size_t bytes = count * static_cast<std::size_t>(p) * sizeof(T);
+  if (in == out && p > 1) {
+    if (s.ring_scratch.size() < bytes) s.ring_scratch = device_buffer<std::byte>(bytes);
+    detail::copy_bytes_async(s.ring_scratch.data(), in, bytes, cudaMemcpyDeviceToDevice, own);
+    in = reinterpret_cast<const T*>(s.ring_scratch.data());
+  }
+  const auto block = [&](int q) { return static_cast<std::size_t>(q) * count; };
+  detail::copy_bytes_async(out + block(me), in + block(me), count * sizeof(T), cudaMemcpyDeviceToDevice, own);
+  if (p > 1 && count > 0) {
+    auto g = nccl.group();
+    for (int q = 0; q < p; ++q) {
+      if (q == me) continue;
+      nccl.send(device_span<const T>(in + block(q), count), q, own);
+      nccl.recv(device_span<T>(out + block(q), count), q, own);
+    }
+  }
+  s.done.record(own);
+  stream_wait(caller, s.done);
+}
 #endif
 }  // namespace
 
@@ -234,14 +284,36 @@ void device_communicator::run(std::string_view op, void* data, const void* send,
     throw usage_error(s.prefix(op) + "root " + std::to_string(root) + " is outside the communicator of " +
                       std::to_string(size()) + " ranks");
   std::size_t bytes = count * element;  // what choose() is asked about: the whole buffer
-  if (op == "allgather" || op == "reduce_scatter") bytes *= p;
+  if (op == "allgather" || op == "reduce_scatter" || op == "alltoall") bytes *= p;
   if (path == device_path::automatic) path = choose(op, bytes).path;
   if ((path == device_path::nccl || path == device_path::ring) && !has_nccl())
     throw usage_error(s.prefix(op) + "device_path::" + std::string(name_of(path)) +
                       " was asked for, but this communicator has no NCCL (" +
                       (built_with_nccl ? "device_options::use_nccl is false" : "flexpar was built without NCCL") + ")");
   if (path == device_path::ring && op != "allreduce")
-    throw usage_error(s.prefix(op) + "device_path::ring is an allreduce; use nccl, staged or automatic");
+    throw usage_error(s.prefix(op) + "device_path::ring is an allreduce; use nccl, staged, ipc or automatic");
+  if (path == device_path::ipc && !s.ipc)
+    throw usage_error(s.prefix(op) + "device_path::ipc was asked for, but this communicator has no ipc path (" +
+                      (!s.options.use_ipc                     ? "device_options::use_ipc is false"
+                       : size() == 1                          ? "one rank needs none"
+                       : s.host->topology().node_count() != 1 ? "its ranks span several nodes"
+                                                              : "a rank could not map its peers' memory") +
+                      ")");
+
+  if (path == device_path::ipc) {
+    detail::ipc_group& g = *s.ipc;
+    if (op == "allreduce")
+      g.allreduce(t, data, count, rop, caller);
+    else if (op == "allgather")
+      g.allgather(t, send, data, count, caller);
+    else if (op == "reduce_scatter")
+      g.reduce_scatter(t, send, data, count, rop, caller);
+    else if (op == "alltoall")
+      g.alltoall(t, send, data, count, caller);
+    else
+      g.broadcast(t, data, count, root, caller);
+    return;
+  }
 
 #if FLEXPAR_HAVE_NCCL
   if (path == device_path::ring) {
@@ -264,6 +336,8 @@ void device_communicator::run(std::string_view op, void* data, const void* send,
         s.nccl->allgather(device_span<const T>(in, count), device_span<T>(d, count * p), caller);
       } else if (op == "reduce_scatter") {
         s.nccl->reduce_scatter(device_span<const T>(in, count * p), device_span<T>(d, count), rop, caller);
+      } else if (op == "alltoall") {
+        nccl_alltoall(s, *s.nccl, in, d, count, caller);
       } else {
         s.nccl->broadcast(device_span<T>(d, count), root, caller);
       }
@@ -297,6 +371,13 @@ void device_communicator::run(std::string_view op, void* data, const void* send,
       s.wait_for(s.done, "staged reduce_scatter: copy to the host");
       std::span<T> mine = flexpar::reduce_scatter(*s.host, std::span<T>(host, count * p), rop);
       detail::copy_bytes_async(d, mine.data(), count * sizeof(T), cudaMemcpyHostToDevice, s.own);
+    } else if (op == "alltoall") {
+      T* host = reinterpret_cast<T*>(s.staging_of(2 * count * p * sizeof(T)));
+      detail::copy_bytes_async(host, in, count * p * sizeof(T), cudaMemcpyDeviceToHost, s.own);
+      s.done.record(s.own);
+      s.wait_for(s.done, "staged alltoall: copy to the host");
+      flexpar::alltoall(*s.host, std::span<const T>(host, count * p), std::span<T>(host + count * p, count * p));
+      detail::copy_bytes_async(d, host + count * p, count * p * sizeof(T), cudaMemcpyHostToDevice, s.own);
     } else {
       T* host = reinterpret_cast<T*>(s.staging_of(count * sizeof(T)));
       if (me == root) {

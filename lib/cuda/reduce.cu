@@ -10,7 +10,10 @@
 #include <cuda_fp16.h>
 
 #include <cstring>
+#include <span>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include <flexpar/cuda/kernels.hpp>
 
@@ -191,6 +194,117 @@ void launch_reduce(T* dst, const T* a, const T* b, std::size_t count, Op op, cud
   check_launch("reduce_kernel<<<...>>>");
 }
 
+// Up to this many sources per launch of the many-source kernel; more are folded in by further
+// launches, each taking the running result as its first source (the order stays s0, s1, s2, ...).
+constexpr int max_sources = 8;
+
+template <class T>
+struct source_table {
+  const T* p[max_sources];
+  int n;
+};
+
+// dst[i] = ((s0[i] (op) s1[i]) (op) s2[i]) ...: each step rounded to T, as the host's reduce_into
+// applied source by source. dst may be the first source (each element is read before it is
+// written, by the same thread). Head, vectors and tail as in reduce_kernel.
+template <class T, class Op>
+__global__ void __launch_bounds__(block_threads)
+    reduce_many_kernel(T* dst, source_table<T> src, std::size_t head, std::size_t vectors, std::size_t count, Op op) {
+  constexpr std::size_t per_vector = 16 / sizeof(T);
+  const std::size_t thread = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::size_t threads = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  auto scalar = [&](std::size_t i) {
+    T acc = src.p[0][i];
+    for (int k = 1; k < src.n; ++k) acc = combine(acc, src.p[k][i], op);
+    dst[i] = acc;
+  };
+  const std::size_t tail_begin = head + vectors * per_vector;
+  for (std::size_t i = thread; i < head; i += threads) scalar(i);
+  for (std::size_t i = tail_begin + thread; i < count; i += threads) scalar(i);
+
+  for (std::size_t base = thread; base < vectors; base += threads * unroll) {
+    vector16<T> acc[unroll];
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) {
+      const std::size_t v = base + u * threads;
+      if (v < vectors) acc[u] = load16(src.p[0] + head + v * per_vector);
+    }
+    for (int k = 1; k < src.n; ++k) {
+      vector16<T> y[unroll];
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) {
+        const std::size_t v = base + u * threads;
+        if (v < vectors) y[u] = load16(src.p[k] + head + v * per_vector);
+      }
+#pragma unroll
+      for (int u = 0; u < unroll; ++u) acc[u] = combine_vectors(acc[u], y[u], op);
+    }
+#pragma unroll
+    for (int u = 0; u < unroll; ++u) {
+      const std::size_t v = base + u * threads;
+      if (v < vectors) store16(dst + head + v * per_vector, acc[u]);
+    }
+  }
+}
+
+template <class T, class Op>
+void launch_reduce_many(T* dst, const source_table<T>& table, std::size_t count, Op op, cudaStream_t s) {
+  math::vector_split split =
+      math::split_for_vectors(reinterpret_cast<std::uintptr_t>(dst), reinterpret_cast<std::uintptr_t>(table.p[0]),
+                              reinterpret_cast<std::uintptr_t>(dst), count, sizeof(T));
+  for (int k = 1; k < table.n; ++k)
+    if (reinterpret_cast<std::uintptr_t>(table.p[k]) % 16 != reinterpret_cast<std::uintptr_t>(dst) % 16)
+      split = math::vector_split{count, 0, 0};  // no common alignment: all scalar
+  auto* kernel = &reduce_many_kernel<T, Op>;
+  const std::size_t work = split.vectors + split.head + split.tail;
+  const unsigned grid =
+      grid_for(work, static_cast<std::size_t>(block_threads) * unroll, blocks_per_sm(kernel, block_threads));
+  kernel<<<grid, block_threads, 0, s>>>(dst, table, split.head, split.vectors, count, op);
+  check_launch("reduce_many_kernel<<<...>>>");
+}
+
+// Folds every source into dst in order, max_sources per launch.
+template <class T, class Op>
+void reduce_many(T* dst, std::span<const T* const> sources, std::size_t count, Op op, cudaStream_t s) {
+  std::size_t next = 0;
+  while (next < sources.size()) {
+    source_table<T> table{};
+    table.n = 0;
+    if (next > 0) table.p[table.n++] = dst;  // the running result comes first
+    while (table.n < max_sources && next < sources.size()) table.p[table.n++] = sources[next++];
+    if (table.n == 1) {  // a single source: a copy
+      if (table.p[0] != dst)
+        FLEXPAR_CHECK_CUDA(-1, cudaMemcpyAsync(dst, table.p[0], count * sizeof(T), cudaMemcpyDeviceToDevice, s));
+      continue;
+    }
+    launch_reduce_many(dst, table, count, op, s);
+  }
+}
+
+template <class T>
+__global__ void fill_kernel(T* data, T value, std::size_t count) {
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    data[i] = value;
+}
+
+template <class From, class To>
+__global__ void convert_kernel(const From* in, To* out, std::size_t count, double factor) {
+  using A = accumulate_t<To>;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    out[i] = narrow<To>(static_cast<A>(static_cast<double>(widen(in[i])) * factor));
+}
+
+template <class From, class To>
+void launch_convert(const void* in, void* out, std::size_t count, double factor, cudaStream_t s) {
+  if (count == 0) return;
+  auto* kernel = &convert_kernel<From, To>;
+  const unsigned grid = grid_for(count, static_cast<std::size_t>(block_threads), blocks_per_sm(kernel, block_threads));
+  kernel<<<grid, block_threads, 0, s>>>(static_cast<const From*>(in), static_cast<To*>(out), count, factor);
+  check_launch("convert_kernel<<<...>>>");
+}
+
 template <class T>
 void reduce_dispatch(T* dst, const T* a, const T* b, std::size_t count, reduce_op op, cudaStream_t s) {
   switch (op) {
@@ -220,6 +334,37 @@ void reduce_into(device_span<T> dst, device_span<const T> a, device_span<const T
 }
 
 template <element T>
+void reduce_into(device_span<T> dst, std::span<const device_span<const T>> sources, reduce_op op, cudaStream_t s) {
+  if (sources.empty()) throw usage_error("cuda::reduce_into: no sources to reduce");
+  std::vector<const T*> pointers;
+  pointers.reserve(sources.size());
+  for (const device_span<const T>& src : sources) {
+    detail::check_same_length("cuda::reduce_into", dst.size(), src.size());
+    pointers.push_back(src.data());
+  }
+  if (dst.empty()) return;
+  const std::span<const T* const> all(pointers);
+  switch (op) {
+    case reduce_op::sum:
+    case reduce_op::avg: return detail::reduce_many(dst.data(), all, dst.size(), detail::op_sum{}, s);
+    case reduce_op::prod: return detail::reduce_many(dst.data(), all, dst.size(), detail::op_prod{}, s);
+    case reduce_op::min: return detail::reduce_many(dst.data(), all, dst.size(), detail::op_min{}, s);
+    case reduce_op::max: return detail::reduce_many(dst.data(), all, dst.size(), detail::op_max{}, s);
+  }
+  throw usage_error("cuda::reduce_into: unknown reduce_op " + std::to_string(static_cast<int>(op)));
+}
+
+template <element T>
+void fill(device_span<T> data, T value, cudaStream_t s) {
+  if (data.empty()) return;
+  auto* kernel = &detail::fill_kernel<T>;
+  const unsigned grid = detail::grid_for(data.size(), static_cast<std::size_t>(detail::block_threads),
+                                         detail::blocks_per_sm(kernel, detail::block_threads));
+  kernel<<<grid, detail::block_threads, 0, s>>>(data.data(), value, data.size());
+  detail::check_launch("fill_kernel<<<...>>>");
+}
+
+template <element T>
 void scale_for_average(device_span<T> data, int ranks, cudaStream_t s) {
   if (ranks <= 1) return;
   using A = accumulate_t<T>;
@@ -235,10 +380,39 @@ void reduce_into(dtype t, void* dst, const void* src, std::size_t count, reduce_
   });
 }
 
+void convert(dtype from, const void* in, dtype to, void* out, std::size_t count, double factor, cudaStream_t s) {
+  if (from == to) {
+    visit_dtype(from, [&](auto zero) {
+      using T = decltype(zero);
+      detail::launch_convert<T, T>(in, out, count, factor, s);
+    });
+    return;
+  }
+  if (from == dtype::f32 && to == dtype::f16) return detail::launch_convert<float, half>(in, out, count, factor, s);
+  if (from == dtype::f16 && to == dtype::f32) return detail::launch_convert<half, float>(in, out, count, factor, s);
+  if (from == dtype::f32 && to == dtype::bf16) return detail::launch_convert<float, bfloat16>(in, out, count, factor, s);
+  if (from == dtype::bf16 && to == dtype::f32) return detail::launch_convert<bfloat16, float>(in, out, count, factor, s);
+  throw usage_error("cuda::convert: " + std::string(name_of(from)) + " to " + std::string(name_of(to)) +
+                    " is not supported (a type to itself, or f32 to and from f16 and bf16)");
+}
+
+void reduce_into(dtype t, void* dst, std::span<const void* const> sources, std::size_t count, reduce_op op,
+                 cudaStream_t s) {
+  visit_dtype(t, [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<device_span<const T>> typed;
+    typed.reserve(sources.size());
+    for (const void* src : sources) typed.emplace_back(static_cast<const T*>(src), count);
+    reduce_into(device_span<T>(static_cast<T*>(dst), count), std::span<const device_span<const T>>(typed), op, s);
+  });
+}
+
 #define FLEXPAR_INSTANTIATE_REDUCE(T)                                                                                \
   template void reduce_into<T>(device_span<T>, device_span<const T>, reduce_op, cudaStream_t);                       \
   template void reduce_into<T>(device_span<T>, device_span<const T>, device_span<const T>, reduce_op, cudaStream_t); \
-  template void scale_for_average<T>(device_span<T>, int, cudaStream_t);
+  template void scale_for_average<T>(device_span<T>, int, cudaStream_t);                                             \
+  template void reduce_into<T>(device_span<T>, std::span<const device_span<const T>>, reduce_op, cudaStream_t);      \
+  template void fill<T>(device_span<T>, T, cudaStream_t);
 FLEXPAR_INSTANTIATE_REDUCE(float)
 FLEXPAR_INSTANTIATE_REDUCE(double)
 FLEXPAR_INSTANTIATE_REDUCE(half)

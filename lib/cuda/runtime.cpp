@@ -45,8 +45,10 @@ stream& stream::operator=(stream&& other) noexcept {
   return *this;
 }
 
-event::event(bool timing) {
-  FLEXPAR_CHECK_CUDA(-1, cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+event::event(bool timing, bool interprocess) {
+  const unsigned flags = interprocess ? (cudaEventDisableTiming | cudaEventInterprocess)
+                                      : (timing ? cudaEventDefault : cudaEventDisableTiming);
+  FLEXPAR_CHECK_CUDA(-1, cudaEventCreateWithFlags(&e_, flags));
 }
 event::~event() {
   if (e_ != nullptr) (void)cudaEventDestroy(e_);

@@ -198,7 +198,7 @@ tensor gemm_transposed(const tensor& a, bool transpose_a, const tensor& b, bool 
                           .append(" x ")
                           .append(sbp::to_string(lb)));
   const std::size_t m = transpose_a ? a.shape()[1] : a.shape()[0], n = transpose_b ? b.shape()[0] : b.shape()[1];
-  if (!a.where().contains_me()) return tensor::from_local(a.where(), {m, n}, sig.out, {});
+  if (!a.where().contains_me()) return tensor::adopt(a.where(), {m, n}, sig.out, {});
   const sbp::box ba = a.my_box(), bb = b.my_box();
   const std::size_t rows = transpose_a ? ba.extent[1] : ba.extent[0], inner = transpose_a ? ba.extent[0] : ba.extent[1];
   const std::size_t cols = transpose_b ? bb.extent[0] : bb.extent[1];
@@ -209,11 +209,11 @@ tensor gemm_transposed(const tensor& a, bool transpose_a, const tensor& b, bool 
                 static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(inner), 1.0f, a.to_local().data(),
                 static_cast<int>(ba.extent[1]), b.to_local().data(), static_cast<int>(bb.extent[1]), 0.0f, c.data(),
                 static_cast<int>(cols));
-  return tensor::from_local(a.where(), {m, n}, sig.out, std::move(c));
+  return tensor::adopt(a.where(), {m, n}, sig.out, std::move(c));
 }
 
 tensor map_local(const tensor& t, aligned_vector<float> values) {
-  return tensor::from_local(t.where(), t.shape(), t.layout(), std::move(values));
+  return tensor::adopt(t.where(), t.shape(), t.layout(), std::move(values));
 }
 
 /// A copy of `t`'s shard in a buffer of its placement's pool (the start of an element-wise step).
@@ -226,8 +226,8 @@ tensor reshaped(tensor t, const shape_t& shape) {
   for (std::size_t d = 0; d < l.rank; ++d)
     if (l[d].is_split() && l[d].axis != 0) l[d] = parallel::S(0);
   if (!(l == t.layout())) t = to(std::move(t), l);
-  const auto& where = t.where();  // release() takes the shard only: the placement stays
-  return tensor::from_local(where, shape, l, std::move(t).release());  // the same shard, no copy
+  const auto& where = t.where();                                  // release() takes the shard only: the placement stays
+  return tensor::adopt(where, shape, l, std::move(t).release());  // the same shard, no copy
 }
 
 /// k x k max pooling of `planes` planes [h, w] -> [ph, pw] with stride `stride`: for each output the index
@@ -328,7 +328,7 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
           const sbp::box b = in[i]->my_box();
           aligned_vector<float> y = mesh.pool().acquire<float>(b.extent[0] * b.extent[1] * st.out[2] * st.out[3]);
           pool_forward(in[i]->to_local().data(), b.extent[0] * b.extent[1], b.extent[2], b.extent[3], st, y.data());
-          out[i] = tensor::from_local(mesh, st.out, in[i]->layout(), std::move(y));
+          out[i] = tensor::adopt(mesh, st.out, in[i]->layout(), std::move(y));
           break;
         }
       }
@@ -370,7 +370,7 @@ execution_result execute_steps(communicator& comm, const graph& g, const strateg
           aligned_vector<float> dx = mesh.pool().acquire<float>(b.elements());
           pool_backward(in[i]->to_local().data(), dy.to_local().data(), b.extent[0] * b.extent[1], b.extent[2],
                         b.extent[3], st, dx.data());
-          dy = tensor::from_local(mesh, st.in, in[i]->layout(), std::move(dx));
+          dy = tensor::adopt(mesh, st.in, in[i]->layout(), std::move(dx));
           break;
         }
       }

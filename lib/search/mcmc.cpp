@@ -63,6 +63,7 @@ search_result mcmc_search::run() {
   double best_time = r.data_parallel_time;
   std::uniform_int_distribution<std::size_t> pick_op(0, g.ops.size() - 1);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
+  r.chains = starts.size();
   const std::size_t per_start = options_.iterations / starts.size();
   const double seconds_per_start = options_.seconds / static_cast<double>(starts.size());
   for (std::size_t k = 0; k < starts.size(); ++k) {
@@ -75,6 +76,7 @@ search_result mcmc_search::run() {
     for (std::size_t it = 0;; ++it) {
       if (options_.iterations > 0 && it >= per_start) break;
       if (options_.seconds > 0 && (it & 63) == 0 && elapsed() - chain_start >= seconds_per_start) break;
+      ++r.steps;
       const std::size_t i = pick_op(rng_);
       const std::vector<soap_config>& choices = space[i];
       soap_config proposal = choices[std::uniform_int_distribution<std::size_t>(0, choices.size() - 1)(rng_)];

@@ -65,6 +65,12 @@ void transport::check_peer(std::string_view op, int peer) const {
                       " ranks");
 }
 
+void transport::throw_closed(std::string_view op) const {
+  throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " + std::string(op) +
+                    " after MPI_Finalize shut this transport down (destroy flexpar's objects before calling "
+                    "MPI_Finalize)");
+}
+
 void transport::check_tag(std::string_view op, tag_t tag) const {
   if (tag >= max_tag())
     throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " + std::string(op) +
@@ -74,25 +80,43 @@ void transport::check_tag(std::string_view op, tag_t tag) const {
 
 namespace detail {
 
-void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::span<std::byte> all, deadline until) {
+void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::span<std::byte> all, deadline until,
+                         std::string_view what) {
   const int p = t.size(), me = t.rank();
   const std::size_t n = mine.size();
   if (all.size() != n * static_cast<std::size_t>(p))
     throw usage_error("bootstrap_allgather: output holds " + std::to_string(all.size()) + " bytes, needs " +
                       std::to_string(n * static_cast<std::size_t>(p)));
-  std::memcpy(all.data() + n * static_cast<std::size_t>(me), mine.data(), n);
-  std::vector<request> requests;
-  requests.reserve(2 * static_cast<std::size_t>(p));
+  const clock::time_point started = clock::now();
+  if (n != 0) std::memcpy(all.data() + n * static_cast<std::size_t>(me), mine.data(), n);
+  std::vector<request> receives, sends;
+  receives.reserve(static_cast<std::size_t>(p));
+  sends.reserve(static_cast<std::size_t>(p));
   const tag_t tag = t.max_tag();
-  for (int peer = 0; peer < p; ++peer) {
-    if (peer == me) continue;
-    requests.push_back(t.do_irecv(peer, tag, all.subspan(n * static_cast<std::size_t>(peer), n)));
+  for (int peer = 0; peer < p; ++peer)
+    if (peer != me) receives.push_back(t.do_irecv(peer, tag, all.subspan(n * static_cast<std::size_t>(peer), n)));
+  for (int peer = 0; peer < p; ++peer)
+    if (peer != me) sends.push_back(t.do_isend(peer, tag, mine));
+  // Every receive is waited for (past the deadline each is only tested once more), so that the
+  // error names every rank that did not take part, not just the first.
+  std::vector<int> missing;
+  for (std::size_t k = 0; k < receives.size(); ++k) {
+    try {
+      receives[k].wait(until);
+    } catch (const timeout_error&) {
+      missing.push_back(static_cast<int>(k) < me ? static_cast<int>(k) : static_cast<int>(k) + 1);
+    }
   }
-  for (int peer = 0; peer < p; ++peer) {
-    if (peer == me) continue;
-    requests.push_back(t.do_isend(peer, tag, mine));
-  }
-  wait_all(requests, until);
+  if (!missing.empty())
+    throw timeout_error("[rank " + std::to_string(me) + "] " + std::string(name_of(t.kind())) + ": " +
+                        std::string(what) + " over " + std::to_string(p) + " ranks: " + rank_set(missing) +
+                        " did not take part within " + seconds_text(clock::now() - started) +
+                        " (FLEXPAR_TIMEOUT); it is collective: every rank must call it");
+  wait_all(sends, until);
+}
+
+void bootstrap_barrier(transport& t, std::string_view what, deadline until) {
+  bootstrap_allgather(t, {}, {}, until, what);
 }
 
 }  // namespace detail

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -205,6 +206,12 @@ inline fashion_mnist_set load_fashion_mnist(fashion_mnist_split which,
       detail::malformed(labels_file, detail::concat("label ", std::to_string(set.labels[i]), " of example ",
                                                     std::to_string(i), " is not 0..9"));
   return set;
+}
+
+/// Pixels 0..255 → (x/255 - mean) / std with Fashion-MNIST's training mean and std (0.2860, 0.3530).
+inline void normalize_pixels(std::span<const std::uint8_t> pixels, std::span<float> out) {
+  constexpr float mean = 0.2860f, inv_std = 1.0f / 0.3530f;
+  for (std::size_t i = 0; i < pixels.size(); ++i) out[i] = (static_cast<float>(pixels[i]) / 255.0f - mean) * inv_std;
 }
 
 }  // namespace flexpar::samples

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <thread>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/transport/inproc.hpp>
 
 #include "cross_rank_scenarios.hpp"

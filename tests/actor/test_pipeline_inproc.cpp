@@ -3,7 +3,7 @@
 
 #include <map>
 
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 #include "pipeline_scenarios.hpp"
 

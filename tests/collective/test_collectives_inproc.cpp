@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <flexpar/collective.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/transport/inproc.hpp>
 
 #include "oracle.hpp"
@@ -67,6 +68,34 @@ TEST_P(inproc_allreduce, matches_the_serial_oracle) {
         },
         test_config(), param.ranks_per_node);
   });
+}
+
+// Random floats of mixed magnitude (oracle.hpp's random_input), whose sum depends on its order: every
+// rank's result must have the same bits (doc/collectives.md: bitwise identical on every rank for every
+// algorithm) and lie within the rounding bound of the serial sum; every floating dtype, the cases of
+// random_float_cases (below, at and above a pipeline chunk).
+TEST_P(inproc_allreduce, random_floats_are_bitwise_identical_on_every_rank_and_near_the_serial_sum) {
+  const allreduce_param param = GetParam();
+  std::uint64_t seed = 1;
+  for (dtype t : float_dtypes)
+    visit_dtype(t, [&](auto zero) {
+      using T = decltype(zero);
+      for (const auto& [count, op] : random_float_cases<T>()) {
+        const std::vector<std::vector<T>> inputs = random_inputs<T>(param.world, count, ++seed);
+        std::vector<std::vector<T>> results = inputs;
+        run_in_process(
+            param.world,
+            [&](communicator& comm) {
+              allreduce(comm, std::span(results[static_cast<std::size_t>(comm.rank())]), op, param.alg);
+            },
+            test_config(), param.ranks_per_node);
+        const std::string what = "allreduce " + std::string(name_of(param.alg)) + " " + std::string(name_of(t)) + " " +
+                                 std::string(name_of(op)) + " count " + std::to_string(count) + " on " +
+                                 std::to_string(param.world) + " ranks";
+        EXPECT_TRUE(same_bits_on_every_rank(results, what));
+        EXPECT_TRUE(close_to_serial_sum(results[0], inputs, op, what));
+      }
+    });
 }
 
 std::vector<allreduce_param> allreduce_params() {

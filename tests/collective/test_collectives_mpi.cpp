@@ -85,6 +85,54 @@ TEST(mpi_collectives, allreduce_every_algorithm_dtype_and_op_matches_mpi) {
   });
 }
 
+/// Every rank's `mine`, gathered on every rank with MPI_Allgather (bytes: MPI plays no part in what is
+/// compared).
+template <element T>
+std::vector<std::vector<T>> gather_results(const std::vector<T>& mine) {
+  int p = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  std::vector<T> all(mine.size() * static_cast<std::size_t>(p));
+  const auto bytes = static_cast<MPI_Count>(mine.size() * sizeof(T));
+  EXPECT_EQ(MPI_Allgather_c(mine.data(), bytes, MPI_BYTE, all.data(), bytes, MPI_BYTE, MPI_COMM_WORLD), MPI_SUCCESS);
+  std::vector<std::vector<T>> each;
+  for (int r = 0; r < p; ++r)
+    each.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * mine.size()),
+                      all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r + 1) * mine.size()));
+  return each;
+}
+
+// Random floats of mixed magnitude (oracle.hpp's random_input), whose sum depends on its order: the
+// results of every algorithm (hierarchical and automatic also over "nodes" of 2 ranks where p is even,
+// of 1 where it is odd) must have the same bits on every rank and lie within the rounding bound of the
+// serial sum; every floating dtype, the cases of random_float_cases.
+TEST(mpi_collectives, random_floats_are_bitwise_identical_on_every_rank_and_near_the_serial_sum) {
+  communicator comm = make_comm();
+  config cfg = config::from_environment();
+  cfg.timeout = std::chrono::seconds(60);
+  cfg.ranks_per_node = comm.size() % 2 == 0 ? 2 : 1;
+  communicator nodes = communicator::from_mpi(MPI_COMM_WORLD, cfg);
+  const std::pair<communicator*, algorithm> runs[] = {
+      {&comm, algorithm::ring},      {&comm, algorithm::halving_doubling}, {&comm, algorithm::shared_memory},
+      {&comm, algorithm::automatic}, {&nodes, algorithm::hierarchical},    {&nodes, algorithm::automatic}};
+  std::uint64_t seed = 1;
+  for (dtype t : float_dtypes)
+    visit_dtype(t, [&](auto zero) {
+      using T = decltype(zero);
+      for (const auto& [count, op] : random_float_cases<T>())
+        for (const auto& [on, a] : runs) {
+          const std::vector<std::vector<T>> inputs = random_inputs<T>(comm.size(), count, ++seed);
+          std::vector<T> data = inputs[static_cast<std::size_t>(comm.rank())];
+          allreduce(*on, std::span(data), op, a);
+          const std::string what = "[rank " + std::to_string(comm.rank()) + "] allreduce " + std::string(name_of(a)) +
+                                   " on " + std::to_string(on->topology().node_count()) + " node(s) " +
+                                   std::string(name_of(t)) + " " + std::string(name_of(op)) + " count " +
+                                   std::to_string(count);
+          EXPECT_TRUE(same_bits_on_every_rank(gather_results(data), what));
+          EXPECT_TRUE(close_to_serial_sum(data, inputs, op, what));
+        }
+    });
+}
+
 TEST(mpi_collectives, hierarchical_allreduce_over_a_configured_mesh_matches_mpi) {
   config cfg = config::from_environment();
   cfg.timeout = std::chrono::seconds(60);

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 namespace flexpar {
 namespace {

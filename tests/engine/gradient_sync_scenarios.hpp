@@ -51,4 +51,32 @@ inline void gradient_sync_steps(communicator& comm, const config& cfg, gradient_
   }
 }
 
+/// fp16 on the wire must change the result where half precision rounds: rank r's gradient is
+/// k + d with k = r + 1 + (i mod 4) / 4 (exact in half, and so are the sums of k over the ranks) and
+/// d = +-2^-12 (the same sign on every rank, so that the d do not cancel in the sum), which f32 keeps
+/// and half drops (it is below half the spacing of half at 1 and above).
+/// With fp16 the sum is exactly the sum of the k (rounded away on every rank, whatever the order);
+/// without it, exactly the sum of k + d. A sync that ignored the option (or always compressed) fails.
+inline void gradient_sync_fp16_rounds(communicator& comm, const config& cfg) {
+  const int p = comm.size(), me = comm.rank();
+  const float d = 0x1p-12f;
+  auto k = [](int r, std::size_t i) { return static_cast<float>(r + 1) + static_cast<float>(i % 4) / 4; };
+  auto tiny = [d](int, std::size_t i) { return i % 2 == 0 ? d : -d; };  // one sign per element: no cancelling
+  for (auto compression : {wire_compression::none, wire_compression::fp16}) {
+    engine eng(comm, cfg);
+    gradient_sync sync(eng, {.reduction = gradient_reduction::sum, .compression = compression});
+    std::vector<float> w(37, 0.0f), g(w.size());
+    sync.register_parameter("w", std::span(w), std::span(g));
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = k(me, i) + tiny(me, i);
+    sync.on_gradient_ready("w");
+    ASSERT_TRUE(sync.synchronize());
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      float want = 0.0f;
+      for (int r = 0; r < p; ++r) want += compression == wire_compression::fp16 ? k(r, i) : k(r, i) + tiny(r, i);
+      ASSERT_EQ(g[i], want) << "[rank " << me << " of " << p << "] "
+                            << (compression == wire_compression::fp16 ? "fp16" : "no compression") << ", element " << i;
+    }
+  }
+}
+
 }  // namespace flexpar::testing_support

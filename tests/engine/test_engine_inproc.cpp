@@ -10,7 +10,7 @@
 #include <mutex>
 #include <set>
 
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 #include "engine_scenarios.hpp"
 #include "gradient_sync_scenarios.hpp"
@@ -52,6 +52,11 @@ TEST_P(engine_inproc, gradient_sync_average_and_sum_with_and_without_fp16) {
       for (auto compression : {wire_compression::none, wire_compression::fp16})
         testing_support::gradient_sync_steps(comm, test_config(), reduction, compression);
   });
+}
+
+TEST_P(engine_inproc, gradient_sync_fp16_rounds_what_half_cannot_hold) {
+  run_in_process(GetParam(),
+                 [](communicator& comm) { testing_support::gradient_sync_fp16_rounds(comm, test_config()); });
 }
 
 INSTANTIATE_TEST_SUITE_P(world, engine_inproc, ::testing::Values(1, 2, 3, 4, 5),

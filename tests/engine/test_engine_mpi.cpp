@@ -36,6 +36,7 @@ TEST_F(mpi_engine, mismatches) {
 TEST_F(mpi_engine, gradient_sync) {
   testing_support::gradient_sync_steps(comm, cfg, gradient_reduction::average, wire_compression::none);
   testing_support::gradient_sync_steps(comm, cfg, gradient_reduction::sum, wire_compression::fp16);
+  testing_support::gradient_sync_fp16_rounds(comm, cfg);
 }
 
 TEST_F(mpi_engine, mismatch_matrix) {

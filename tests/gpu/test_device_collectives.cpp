@@ -6,13 +6,15 @@
 #include <numeric>
 #include <vector>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/cuda/collective.hpp>
-#include <flexpar/transport/inproc.hpp>
 
+#include "gpu/device_io.hpp"
 #include "support/test_config.hpp"
 
 namespace fc = flexpar::cuda;
 using flexpar::reduce_op;
+using flexpar::testing_support::download;
 using namespace std::chrono_literals;
 
 namespace {
@@ -31,14 +33,6 @@ std::vector<T> input_of(int rank, std::size_t n) {
   return v;
 }
 
-template <class T>
-std::vector<T> to_host(fc::device_span<const T> d, cudaStream_t s) {
-  std::vector<T> h(d.size());
-  fc::copy_async(std::span<T>(h), d, s);
-  fc::synchronize(s, 60s, "download");
-  return h;
-}
-
 }  // namespace
 
 TEST(DeviceCollectives, StagedAllreduceMatchesTheSerialSum) {
@@ -53,7 +47,7 @@ TEST(DeviceCollectives, StagedAllreduceMatchesTheSerialSum) {
             fc::device_buffer<float> d(n);
             fc::copy_async(d.span(), std::span(mine), s);
             gpu.allreduce(d.span(), reduce_op::sum, s, fc::device_path::staged);
-            const std::vector<float> got = to_host(fc::device_span<const float>(d.span()), s);
+            const std::vector<float> got = download(fc::device_span<const float>(d.span()), s);
             for (std::size_t i = 0; i < n; ++i) {
               float expected = 0;
               for (int r = 0; r < world; ++r) expected += input_of<float>(r, n)[i];
@@ -79,7 +73,7 @@ TEST(DeviceCollectives, StagedAllgatherReduceScatterBroadcast) {
           fc::device_buffer<std::int32_t> in(n), all(n * p);
           fc::copy_async(in.span(), std::span(mine), s);
           gpu.allgather(fc::device_span<const std::int32_t>(in.span()), all.span(), s);
-          const auto gathered = to_host(fc::device_span<const std::int32_t>(all.span()), s);
+          const auto gathered = download(fc::device_span<const std::int32_t>(all.span()), s);
           for (int r = 0; r < world; ++r)
             for (std::size_t i = 0; i < n; ++i)
               ASSERT_EQ(gathered[static_cast<std::size_t>(r) * n + i], input_of<std::int32_t>(r, n)[i]);
@@ -88,7 +82,7 @@ TEST(DeviceCollectives, StagedAllgatherReduceScatterBroadcast) {
           fc::device_buffer<double> send(n * p), recv(n);
           fc::copy_async(send.span(), std::span(big), s);
           gpu.reduce_scatter(fc::device_span<const double>(send.span()), recv.span(), reduce_op::max, s);
-          const auto block = to_host(fc::device_span<const double>(recv.span()), s);
+          const auto block = download(fc::device_span<const double>(recv.span()), s);
           for (std::size_t i = 0; i < n; ++i) {
             double expected = -1e9;
             for (int r = 0; r < world; ++r)
@@ -100,7 +94,7 @@ TEST(DeviceCollectives, StagedAllgatherReduceScatterBroadcast) {
           const std::vector<float> own = input_of<float>(comm.rank(), n);
           fc::copy_async(b.span(), std::span(own), s);
           gpu.broadcast(b.span(), world - 1, s);
-          EXPECT_EQ(to_host(fc::device_span<const float>(b.span()), s), input_of<float>(world - 1, n));
+          EXPECT_EQ(download(fc::device_span<const float>(b.span()), s), input_of<float>(world - 1, n));
         },
         flexpar::testing_support::with_timeout(60s));
   }
@@ -149,7 +143,7 @@ TEST(DeviceCollectives, EveryPathOnOneRankReturnsItsInput) {
           fc::device_buffer<float> d(mine.size());
           fc::copy_async(d.span(), std::span(mine), s);
           gpu.allreduce(d.span(), reduce_op::avg, s, path);
-          EXPECT_EQ(to_host(fc::device_span<const float>(d.span()), s), mine) << fc::name_of(path);
+          EXPECT_EQ(download(fc::device_span<const float>(d.span()), s), mine) << fc::name_of(path);
         }
         if (gpu.has_nccl()) {
           fc::device_buffer<float> d(8);

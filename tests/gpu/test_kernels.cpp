@@ -54,17 +54,12 @@ std::vector<T> random_of(std::size_t n, std::uint64_t seed) {
 
 template <class T>
 fc::device_buffer<T> upload(const std::vector<T>& host, fc::stream& s) {
-  fc::device_buffer<T> d(host.size());
-  fc::copy_async(d.span(), std::span<const T>(host), s);
-  return d;
+  return fc::to_device(std::span<const T>(host), s);
 }
 
 template <class T>
 std::vector<T> download(fc::device_span<const T> d, fc::stream& s) {
-  std::vector<T> host(d.size());
-  fc::copy_async(std::span<T>(host), d, s);
-  fc::synchronize(s, 60s, "download");
-  return host;
+  return fc::to_host(d, s, 60s, "download");
 }
 
 template <class T>
@@ -139,6 +134,59 @@ TEST(CudaKernels, ReduceI8MatchesTheHostBitForBit) { check_reduce_all_ops<std::i
 TEST(CudaKernels, ReduceU8MatchesTheHostBitForBit) { check_reduce_all_ops<std::uint8_t>(6); }
 TEST(CudaKernels, ReduceI32MatchesTheHostBitForBit) { check_reduce_all_ops<std::int32_t>(7); }
 TEST(CudaKernels, ReduceI64MatchesTheHostBitForBit) { check_reduce_all_ops<std::int64_t>(8); }
+
+// The many-source form: dst = s0 op s1 op ... op sk, against the host's reduce_into applied source by
+// source (bit for bit), for 1..12 sources (one launch up to 8, a second launch folding the rest into
+// the running result), dst being the first source or a buffer of its own, aligned and not.
+template <class T>
+void check_reduce_many(std::size_t sources, std::size_t n, std::size_t offset, bool in_place, flexpar::reduce_op op,
+                       std::uint64_t seed) {
+  fc::stream s;
+  std::vector<std::vector<T>> host;
+  std::vector<fc::device_buffer<T>> device;
+  for (std::size_t k = 0; k < sources; ++k) {
+    host.push_back(random_of<T>(n + offset, seed + k));
+    device.push_back(upload(host.back(), s));
+  }
+  std::vector<fc::device_span<const T>> spans;
+  for (std::size_t k = 0; k < sources; ++k)
+    spans.emplace_back(device[k].data() + (k % 2 ? offset : 0), n);  // every other source misaligned by `offset`
+  fc::device_buffer<T> out(n + 1);
+  const fc::device_span<T> dst =
+      in_place ? fc::device_span<T>(device[0].data(), n) : fc::device_span<T>(out.data() + 1, n);
+  fc::reduce_into(dst, std::span<const fc::device_span<const T>>(spans), op, s);
+  std::vector<T> expected(host[0].begin(), host[0].begin() + static_cast<std::ptrdiff_t>(n));
+  for (std::size_t k = 1; k < sources; ++k)
+    flexpar::reduce_into(std::span<T>(expected), std::span<const T>(host[k].data() + (k % 2 ? offset : 0), n), op);
+  const auto got = download(fc::device_span<const T>(dst), s);
+  EXPECT_TRUE(same_bytes(got, expected)) << flexpar::name_of(flexpar::dtype_of<T>) << " " << flexpar::name_of(op)
+                                         << " sources " << sources << " n " << n << " offset " << offset
+                                         << (in_place ? " in place" : "") << ": first difference at "
+                                         << first_difference(got, expected);
+}
+
+TEST(CudaKernels, ReduceOfManySourcesMatchesTheHostSourceBySource) {
+  std::uint64_t seed = 100;
+  for (std::size_t sources : {1, 2, 3, 4, 8, 9, 12})
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{37}, std::size_t{100003}})
+      for (bool in_place : {false, true}) {
+        check_reduce_many<float>(sources, n, 0, in_place, flexpar::reduce_op::sum, seed++);
+        check_reduce_many<float>(sources, n, 1, in_place, flexpar::reduce_op::max, seed++);
+        check_reduce_many<flexpar::half>(sources, n, 0, in_place, flexpar::reduce_op::sum, seed++);
+        check_reduce_many<flexpar::bfloat16>(sources, n, 3, in_place, flexpar::reduce_op::prod, seed++);
+        check_reduce_many<std::int8_t>(sources, n, 0, in_place, flexpar::reduce_op::sum, seed++);
+        check_reduce_many<double>(sources, n, 0, in_place, flexpar::reduce_op::min, seed++);
+      }
+  fc::stream s;
+  fc::device_buffer<float> a(4), b(5);
+  const fc::device_span<const float> wrong[] = {fc::device_span<const float>(a.span()),
+                                                fc::device_span<const float>(b.span())};
+  EXPECT_THROW(
+      fc::reduce_into(a.span(), std::span<const fc::device_span<const float>>(wrong), flexpar::reduce_op::sum, s),
+      flexpar::usage_error);
+  EXPECT_THROW(fc::reduce_into(a.span(), std::span<const fc::device_span<const float>>(), flexpar::reduce_op::sum, s),
+               flexpar::usage_error);
+}
 
 TEST(CudaKernels, Reduce64MiBMatchesTheHost) {
   check_reduce<float>(mib64 / sizeof(float), 0, 0, flexpar::reduce_op::sum, 77);

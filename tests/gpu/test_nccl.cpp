@@ -6,8 +6,8 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/cuda/nccl.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "support/test_config.hpp"
 

@@ -1,20 +1,24 @@
 // Serial references of the relaxations: all p replicas simulated in one thread, the same rule as the
 // algorithm's header, written out without communication. Inputs are small integers (exact sums).
+// Nothing here calls the code under test: the SGD rule (relax/optimizer.hpp), the min-max uint8 and
+// 1-bit codecs (compress/), the compressed average's partitions and codecs (relax/compressed_average.hpp,
+// bytegrad.hpp, onebit_adam.hpp) and shift_one's pairing (relax/decentralized.hpp) are written out
+// below from what those headers document, so that a wrong codec, wrapper or optimizer fails.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <flexpar/collective/context.hpp>
 #include <flexpar/compress/minmax_uint8.hpp>
 #include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/decentralized.hpp>
-#include <flexpar/relax/onebit_adam.hpp>
 #include <flexpar/relax/optimizer.hpp>
-#include <flexpar/relax/qadam.hpp>
 
 namespace flexpar::testing_support {
 
@@ -59,8 +63,31 @@ inline flat flat_grad(int rank, int step) {
   return g;
 }
 
+/// The settings of the SGD every algorithm test uses.
+inline constexpr float test_learning_rate = 0.25f, test_momentum = 0.5f;
+
+/// The SGD the algorithms under test are given.
+inline relax::sgd test_sgd() {
+  return relax::sgd({.learning_rate = test_learning_rate, .momentum = test_momentum, .weight_decay = 0.0f});
+}
+
+/// The reference's SGD: relax/optimizer.hpp's rule with momentum and no weight decay, written out
+/// (b = momentum b + g; w -= learning_rate b), one momentum buffer per parameter index.
+struct reference_sgd {
+  std::vector<flat> buffers;
+  void apply(std::size_t k, std::span<float> w, std::span<const float> g) {
+    if (buffers.size() <= k) buffers.resize(k + 1);
+    flat& b = buffers[k];
+    if (b.size() != w.size()) b.assign(w.size(), 0.0f);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      b[i] = test_momentum * b[i] + g[i];
+      w[i] -= test_learning_rate * b[i];
+    }
+  }
+};
+
 /// opt.apply on every parameter's slice of the flat weights and gradients.
-inline void apply_all(relax::optimizer& opt, flat& w, const flat& g) {
+inline void apply_all(reference_sgd& opt, flat& w, const flat& g) {
   std::size_t offset = 0;
   for (std::size_t k = 0; k < model_lengths().size(); ++k) {
     const std::size_t n = model_lengths()[k];
@@ -69,8 +96,32 @@ inline void apply_all(relax::optimizer& opt, flat& w, const flat& g) {
   }
 }
 
-/// The SGD every algorithm test uses.
-inline relax::sgd test_sgd() { return relax::sgd({.learning_rate = 0.25f, .momentum = 0.5f, .weight_decay = 0.0f}); }
+/// Partition j of n floats over p ranks (relax/compressed_average.hpp: sizes differ by at most one,
+/// the first n mod p partitions have the extra element): {offset, count}.
+inline std::pair<std::size_t, std::size_t> partition(std::size_t n, int p, int j) {
+  const auto pp = static_cast<std::size_t>(p), jj = static_cast<std::size_t>(j);
+  const std::size_t base = n / pp, extra = n % pp;
+  return {jj * base + std::min(jj, extra), base + (jj < extra ? 1 : 0)};
+}
+
+/// shift_one's peer of `rank` in `round` by the circle method of round-robin tournaments
+/// (relax/decentralized.hpp's header), built as a table of pairs: slots 0 .. m (m = p - 1 for even p;
+/// for odd p one more, empty slot m = p); in round t slot m meets t mod m and, for k = 1, 2, ...,
+/// slot (t + k) mod m meets (t - k) mod m. -1 when the partner is the empty slot (or p = 1).
+inline int reference_shift_one_peer(int rank, int p, std::uint64_t round) {
+  if (p <= 1) return -1;
+  const int slots = p % 2 == 0 ? p : p + 1, m = slots - 1;
+  const int t = static_cast<int>(round % static_cast<std::uint64_t>(m));
+  std::vector<int> partner(static_cast<std::size_t>(slots), -1);
+  auto pair = [&](int a, int b) {
+    partner[static_cast<std::size_t>(a)] = b;
+    partner[static_cast<std::size_t>(b)] = a;
+  };
+  pair(m, t);
+  for (int k = 1; k <= (m - 1) / 2; ++k) pair((t + k) % m, ((t - k) % m + m) % m);
+  const int q = partner[static_cast<std::size_t>(rank)];
+  return q >= p ? -1 : q;
+}
 
 /// History of a serial run: weights[s][r] = rank r's flat weights after step s (s = steps: after finish).
 using history = std::vector<std::vector<flat>>;
@@ -89,7 +140,7 @@ inline flat average(const std::vector<flat>& xs) {
 inline history reference_gradient_allreduce(int p, int steps) {
   history h;
   std::vector<flat> w(static_cast<std::size_t>(p), flat_init(0));
-  std::vector<relax::sgd> opts(static_cast<std::size_t>(p), test_sgd());
+  std::vector<reference_sgd> opts(static_cast<std::size_t>(p));
   for (int s = 0; s < steps; ++s) {
     std::vector<flat> g;
     for (int r = 0; r < p; ++r) g.push_back(flat_grad(r, s));
@@ -101,14 +152,50 @@ inline history reference_gradient_allreduce(int p, int steps) {
   return h;
 }
 
-/// decode(encode(x)) with min-max uint8 chunks of `chunk`.
+/// decode(encode(x)) with min-max uint8 chunks of `chunk`, by compress/minmax_uint8.hpp's rule written
+/// out: per chunk lo = min, hi = max, s = 255 / (hi - lo) (0 for a constant chunk),
+/// q = floor((x - lo) s + 1/2), decoded lo + q (hi - lo) / 255, every step in float.
 inline flat quantize(std::span<const float> x, std::size_t chunk) {
-  compress::minmax_uint8 q{chunk};
-  std::vector<std::byte> bytes(q.encoded_size(x.size()));
-  q.encode(x, bytes);
   flat y(x.size());
-  q.decode(bytes, y);
+  for (std::size_t begin = 0; begin < x.size(); begin += chunk) {
+    const std::size_t end = std::min(x.size(), begin + chunk);
+    const auto [lo_at, hi_at] = std::minmax_element(x.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                    x.begin() + static_cast<std::ptrdiff_t>(end));
+    const float lo = *lo_at, hi = *hi_at;
+    const float scale = hi > lo ? 255.0f / (hi - lo) : 0.0f, step = (hi - lo) / 255.0f;
+    for (std::size_t i = begin; i < end; ++i) {
+      const float q = std::floor((x[i] - lo) * scale + 0.5f);
+      y[i] = lo + q * step;
+    }
+  }
   return y;
+}
+
+/// decode(encode(x)) of compress/onebit.hpp with error feedback, its rule written out: v = x + residual;
+/// per chunk, scale = mean |v| (the sum as onebit.hpp's header specifies it: in float, in 8 lanes, element
+/// i of the chunk's first 8 floor(n / 8) in lane i mod 8 and the rest in lane 0, the lanes added in
+/// double, divided by n in double, rounded to float); out = -scale where v < 0, else +scale; the
+/// residual keeps v - out.
+inline flat onebit_round_trip(std::span<const float> x, flat& residual, std::size_t chunk) {
+  flat out(x.size());
+  for (std::size_t begin = 0; begin < x.size(); begin += chunk) {
+    const std::size_t n = std::min(chunk, x.size() - begin);
+    float lanes[8] = {};
+    for (std::size_t i = 0; i < n; ++i) {
+      float& v = residual[begin + i];
+      v += x[begin + i];
+      lanes[i < n / 8 * 8 ? i % 8 : 0] += std::abs(v);
+    }
+    double total = 0;
+    for (float lane : lanes) total += lane;
+    const auto scale = static_cast<float>(total / static_cast<double>(n));
+    for (std::size_t i = 0; i < n; ++i) {
+      float& v = residual[begin + i];
+      out[begin + i] = v < 0 ? -scale : scale;
+      v -= out[begin + i];
+    }
+  }
+  return out;
 }
 
 /// bytegrad: per partition j (block_layout::even), the average of the quantized partitions,
@@ -117,18 +204,18 @@ inline history reference_bytegrad(int p, int steps, std::size_t chunk) {
   history h;
   const std::size_t n = model_size();
   std::vector<flat> w(static_cast<std::size_t>(p), flat_init(0));
-  std::vector<relax::sgd> opts(static_cast<std::size_t>(p), test_sgd());
-  const block_layout parts = block_layout::even(n, p);
+  std::vector<reference_sgd> opts(static_cast<std::size_t>(p));
   for (int s = 0; s < steps; ++s) {
     flat avg(n);
     for (int j = 0; j < p; ++j) {
+      const auto [offset, count] = partition(n, p, j);
       std::vector<flat> versions;
       for (int r = 0; r < p; ++r) {
         const flat g = flat_grad(r, s);
-        versions.push_back(quantize(parts.of(std::span<const float>(g), j), chunk));
+        versions.push_back(quantize(std::span<const float>(g).subspan(offset, count), chunk));
       }
       const flat reduced = quantize(average(versions), chunk);
-      std::copy(reduced.begin(), reduced.end(), avg.begin() + static_cast<std::ptrdiff_t>(parts.displ(j)));
+      std::copy(reduced.begin(), reduced.end(), avg.begin() + static_cast<std::ptrdiff_t>(offset));
     }
     for (int r = 0; r < p; ++r) apply_all(opts[static_cast<std::size_t>(r)], w[static_cast<std::size_t>(r)], avg);
     h.push_back(w);
@@ -142,7 +229,7 @@ inline history reference_bytegrad(int p, int steps, std::size_t chunk) {
 inline history reference_decentralized(int p, int steps, relax::peer_selection peers, int interval) {
   history h;
   std::vector<flat> w(static_cast<std::size_t>(p), flat_init(0));
-  std::vector<relax::sgd> opts(static_cast<std::size_t>(p), test_sgd());
+  std::vector<reference_sgd> opts(static_cast<std::size_t>(p));
   for (int s = 0; s < steps; ++s) {
     for (int r = 0; r < p; ++r)
       apply_all(opts[static_cast<std::size_t>(r)], w[static_cast<std::size_t>(r)], flat_grad(r, s));
@@ -152,7 +239,7 @@ inline history reference_decentralized(int p, int steps, relax::peer_selection p
       for (int r = 0; r < p; ++r) {
         std::vector<int> with;
         if (peers == relax::peer_selection::shift_one) {
-          const int q = relax::shift_one_peer(r, p, round);
+          const int q = reference_shift_one_peer(r, p, round);
           if (q >= 0) with.push_back(q);
         } else if (peers == relax::peer_selection::ring) {
           with.push_back((r + p - 1) % p);
@@ -185,7 +272,7 @@ inline history reference_decentralized(int p, int steps, relax::peer_selection p
 inline history reference_local_sgd(int p, int steps, int interval) {
   history h;
   std::vector<flat> w(static_cast<std::size_t>(p), flat_init(0));
-  std::vector<relax::sgd> opts(static_cast<std::size_t>(p), test_sgd());
+  std::vector<reference_sgd> opts(static_cast<std::size_t>(p));
   int since = 0;
   for (int s = 0; s < steps; ++s) {
     for (int r = 0; r < p; ++r)
@@ -211,7 +298,7 @@ inline history reference_local_sgd(int p, int steps, int interval) {
 inline history reference_low_precision_decentralized(int p, int steps, int interval, std::size_t chunk) {
   history h;
   std::vector<flat> w(static_cast<std::size_t>(p), flat_init(0)), sent = w;
-  std::vector<relax::sgd> opts(static_cast<std::size_t>(p), test_sgd());
+  std::vector<reference_sgd> opts(static_cast<std::size_t>(p));
   for (int s = 0; s < steps; ++s) {
     const bool communicate = (s + 1) % interval == 0 && p > 1;
     std::vector<flat> next_sent = sent;
@@ -246,15 +333,28 @@ inline history reference_low_precision_decentralized(int p, int steps, int inter
   return h;
 }
 
-/// The onebit_adam / qadam rule (momentum_adam.hpp) with a serial compressed average: `codecs[r]` is
-/// rank r's codec, prepared like the algorithm's; the average follows compressed_average.hpp.
-template <class Codec>
-history reference_momentum_adam(int p, int steps, int warmup, const relax::adam_options& a, std::vector<Codec> codecs) {
+/// The compressed momentum of onebit_adam or qadam (relax/momentum_adam.hpp's compression stage).
+enum class momentum_codec { onebit, minmax };
+
+/// The onebit_adam / qadam rule (momentum_adam.hpp) with the serial compressed average of
+/// compressed_average.hpp: every rank's partition j goes through the codec (1-bit: with rank r's
+/// residual of partition j), the p versions are summed in rank order and divided by p, and the owner
+/// j sends the result through the codec again (1-bit: with its own, server-side residual).
+inline history reference_momentum_adam(int p, int steps, int warmup, const relax::adam_options& a, momentum_codec codec,
+                                       std::size_t chunk) {
   history h;
   const std::size_t n = model_size();
   const auto pp = static_cast<std::size_t>(p);
-  const block_layout parts = block_layout::even(n, p);
-  for (int r = 0; r < p; ++r) codecs[static_cast<std::size_t>(r)].prepare(parts, r);
+  std::vector<std::vector<flat>> worker_residual(pp);  // [rank][partition]
+  std::vector<flat> server_residual;                   // [partition], kept by its owner
+  for (int j = 0; j < p; ++j) {
+    const std::size_t count = partition(n, p, j).second;
+    for (auto& mine : worker_residual) mine.emplace_back(count, 0.0f);
+    server_residual.emplace_back(count, 0.0f);
+  }
+  auto round_trip = [&](std::span<const float> x, flat& residual) {
+    return codec == momentum_codec::onebit ? onebit_round_trip(x, residual, chunk) : quantize(x, chunk);
+  };
   flat x = flat_init(0), v(n, 0.0f);
   std::vector<flat> m(pp, flat(n, 0.0f));  // momenta differ between ranks before their average
   for (int s = 0; s < steps; ++s) {
@@ -283,21 +383,13 @@ history reference_momentum_adam(int p, int steps, int warmup, const relax::adam_
       }
       flat avg(n);
       for (int j = 0; j < p; ++j) {  // partition j, owned by rank j
-        const std::size_t count = parts.count(j);
+        const auto [offset, count] = partition(n, p, j);
+        const auto part = static_cast<std::size_t>(j);
         std::vector<flat> versions;
-        for (int r = 0; r < p; ++r) {
-          Codec& c = codecs[static_cast<std::size_t>(r)];
-          std::vector<std::byte> bytes(c.encoded_size(count));
-          c.encode(j, parts.of(std::span<const float>(m[static_cast<std::size_t>(r)]), j), bytes);
-          flat y(count);
-          c.decode(bytes, y);
-          versions.push_back(y);
-        }
-        const flat reduced = average(versions);
-        Codec& owner = codecs[static_cast<std::size_t>(j)];
-        std::vector<std::byte> bytes(owner.encoded_size(count));
-        owner.encode_reduced(reduced, bytes);
-        owner.decode(bytes, parts.of(std::span<float>(avg), j));
+        for (std::size_t r = 0; r < pp; ++r)
+          versions.push_back(round_trip(std::span<const float>(m[r]).subspan(offset, count), worker_residual[r][part]));
+        const flat reduced = round_trip(average(versions), server_residual[part]);
+        std::copy(reduced.begin(), reduced.end(), avg.begin() + static_cast<std::ptrdiff_t>(offset));
       }
       for (auto& mm : m) mm = avg;
       for (std::size_t i = 0; i < n; ++i) x[i] -= a.learning_rate * (avg[i] / c1) / (std::sqrt(v[i]) + a.epsilon);

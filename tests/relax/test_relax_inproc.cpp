@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 #include "relax_scenarios.hpp"
 
@@ -138,6 +138,8 @@ TEST(relax_shift_one, pairing_rule) {
       int sitting = 0;
       for (int r = 0; r < p; ++r) {
         const int q = relax::shift_one_peer(r, p, round);
+        EXPECT_EQ(q, testing_support::reference_shift_one_peer(r, p, round))
+            << "p " << p << " round " << round << " rank " << r << ": not the circle method's table";
         if (q < 0) {
           ++sitting;
           if (p > 1) {

@@ -20,6 +20,14 @@ TEST_F(relax_mpi, gradient_allreduce) {
   testing_support::gradient_allreduce_matches_reference(comm, true);
 }
 
+// Run by the ctest entry test_relax.nodes.np4 with FLEXPAR_RANKS_PER_NODE=2 (and only there): the
+// hierarchical allreduce over two "nodes" of this machine, not one node (where it is a plain
+// intra-node allreduce).
+TEST_F(relax_mpi, hierarchical_gradient_allreduce_over_nodes) {
+  ASSERT_GT(comm.topology().node_count(), 1) << "needs FLEXPAR_RANKS_PER_NODE below the number of ranks";
+  testing_support::gradient_allreduce_matches_reference(comm, true);
+}
+
 TEST_F(relax_mpi, bytegrad) {
   testing_support::bytegrad_matches_reference(comm, 512);
   testing_support::bytegrad_matches_reference(comm, 3);

@@ -11,6 +11,8 @@
 #include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/sbp/sbp.hpp>
 
+#include "boxing_checks.hpp"
+
 namespace flexpar::sbp::testing_support {
 
 inline std::vector<float> values(std::size_t n, int salt) {
@@ -91,13 +93,17 @@ void check_conv(const placement<N>& mesh, const problem& pr, int salt) {
     else
       return conv2d_grad_weight(a, b, pr.pad);
   };
-  auto out = run(global_tensor<float, L>::from_full(mesh, left_shape, left),
-                 global_tensor<float, R>::from_full(mesh, right_shape, right));
+  // partial operands hold different summands on every rank (boxing_checks.hpp)
+  auto out = run(distinct_source<float, L>(mesh, left_shape, left, salt),
+                 distinct_source<float, R>(mesh, right_shape, right, salt + 1));
   using out_sbp = typename decltype(out)::sbp_type;
   EXPECT_EQ(out.to_full(), want) << name << " " << to_string<L>() << ", " << to_string<R>() << " -> "
                                  << to_string<out_sbp>() << " on " << to_string(pr.x_shape());
-  auto dyn = run(dynamic_tensor<float, N>::from_full(mesh, left_shape, nd_of<L>::value, left),
-                 dynamic_tensor<float, N>::from_full(mesh, right_shape, nd_of<R>::value, right));
+  auto dyn =
+      run(dynamic_tensor<float, N>::from_local(mesh, left_shape, nd_of<L>::value,
+                                               distinct_partials(mesh, left_shape, nd_of<L>::value, left, salt)),
+          dynamic_tensor<float, N>::from_local(mesh, right_shape, nd_of<R>::value,
+                                               distinct_partials(mesh, right_shape, nd_of<R>::value, right, salt + 1)));
   EXPECT_EQ(dyn.layout(), nd_of<out_sbp>::value) << "dynamic " << name;
   EXPECT_EQ(dyn.to_full(), want) << "dynamic " << name << " " << to_string<L>() << ", " << to_string<R>();
 }

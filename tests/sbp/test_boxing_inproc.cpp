@@ -12,8 +12,8 @@
 #include <tuple>
 #include <utility>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/sbp/sbp.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "support/test_config.hpp"
 

@@ -3,8 +3,8 @@
 // its own so that the many instantiations compile in parallel with the 1-D ones.
 #include <gtest/gtest.h>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/sbp/sbp.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "support/test_config.hpp"
 

@@ -14,9 +14,9 @@
 #include <type_traits>
 #include <vector>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/sbp/sbp.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "support/test_config.hpp"
 
@@ -228,14 +228,14 @@ TEST(buffer_pool, rvalue_boxing_works_in_the_tensors_own_buffer) {
         const shape_t shape{7, 4};
         const auto full = logical<double>(shape, 2);
         {  // P -> B: allreduce in place
-          auto t = global_tensor<double, partial_sum>::from_full(mesh, shape, full);
+          auto t = distinct_source<double, partial_sum>(mesh, shape, full, 2);
           const double* where = t.to_local().data();
           auto b = to<broadcast>(std::move(t));
           EXPECT_EQ(b.to_local().data(), where);
           EXPECT_EQ(b.to_full(), full);
         }
         {  // P -> S(0): reduce-scatter in place, my block kept in the same buffer
-          auto t = global_tensor<double, partial_sum>::from_full(mesh, shape, full);
+          auto t = distinct_source<double, partial_sum>(mesh, shape, full, 3);
           const double* where = t.to_local().data();
           auto s = to<split<0>>(std::move(t));
           EXPECT_EQ(s.to_local().data(), where);
@@ -262,7 +262,7 @@ TEST(buffer_pool, boxing_in_a_steady_state_allocates_no_new_buffers) {
           const auto full = logical<float>(shape, 3);
           std::size_t misses_after_first = 0;
           for (int round = 0; round < 5; ++round) {
-            auto t = global_tensor<float, partial_sum>::from_full(mesh, shape, full);
+            auto t = distinct_source<float, partial_sum>(mesh, shape, full, round);
             auto s1 = to<split<1>>(std::move(t));                 // pack -> reduce-scatter
             auto s0 = to<split<0>>(std::move(s1));                // pack -> alltoall
             auto b = to<broadcast>(to<split<1>>(std::move(s0)));  // alltoall -> unpack; allgather -> unpack

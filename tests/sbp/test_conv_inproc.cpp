@@ -7,9 +7,9 @@
 #include <array>
 #include <string>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/sbp/sbp.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "conv_checks.hpp"
 #include "support/test_config.hpp"

@@ -1,14 +1,17 @@
 // Every op signature against a serial computation of the same logical op, threads as ranks on 1-4
-// ranks and on 2 x 2 meshes. Inputs are small integers, so float GEMMs and sums are exact.
+// ranks and on 2 x 2 meshes. Inputs are small integers, so float GEMMs and sums are exact; partial
+// inputs hold different summands on every rank (boxing_checks.hpp's distinct_partials).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/sbp/sbp.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "support/test_config.hpp"
+
+#include "boxing_checks.hpp"
 
 namespace flexpar::sbp {
 namespace {
@@ -37,8 +40,8 @@ struct list {};
 template <class A, class B, std::size_t N>
 void check_matmul(const placement<N>& mesh, std::size_t m, std::size_t k, std::size_t n, int salt) {
   const auto a = values<float>(m * k, salt), b = values<float>(k * n, salt + 1);
-  auto ta = global_tensor<float, A>::from_full(mesh, {m, k}, a);
-  auto tb = global_tensor<float, B>::from_full(mesh, {k, n}, b);
+  auto ta = testing_support::distinct_source<float, A>(mesh, {m, k}, a, salt);  // P: rank-distinct summands
+  auto tb = testing_support::distinct_source<float, B>(mesh, {k, n}, b, salt + 1);
   auto c = matmul(ta, tb);
   EXPECT_EQ(c.to_full(), serial_matmul(a, b, m, k, n))
       << "matmul " << to_string<A>() << " x " << to_string<B>() << " -> " << to_string<typename decltype(c)::sbp_type>()
@@ -75,8 +78,8 @@ TEST_P(ops_1d, every_signature_matches_the_serial_op) {
           rel[i] = std::max(0.0f, x[i]);
         }
         auto check2 = [&]<class A, class B>(A, B, auto op, const std::vector<float>& want, const char* what) {
-          auto ta = global_tensor<float, A>::from_full(mesh, shape, x);
-          auto tb = global_tensor<float, B>::from_full(mesh, shape, y);
+          auto ta = testing_support::distinct_source<float, A>(mesh, shape, x, 1);
+          auto tb = testing_support::distinct_source<float, B>(mesh, shape, y, 2);
           EXPECT_EQ(op(ta, tb).to_full(), want) << what << " " << to_string<A>() << ", " << to_string<B>();
         };
         auto add_op = [](auto& a, auto& b) { return add(a, b); };
@@ -91,7 +94,7 @@ TEST_P(ops_1d, every_signature_matches_the_serial_op) {
         check2(broadcast{}, partial_sum{}, mul_op, prod, "mul");
 
         auto check1 = [&]<class A>(A, auto op, const std::vector<float>& want, const char* what) {
-          auto ta = global_tensor<float, A>::from_full(mesh, shape, x);
+          auto ta = testing_support::distinct_source<float, A>(mesh, shape, x, 3);
           EXPECT_EQ(op(ta).to_full(), want) << what << " " << to_string<A>();
         };
         auto relu_op = [](auto& a) { return relu(a); };

@@ -2,11 +2,13 @@
 // (boxing to run-time targets, matmul choosing its signature by boxing cost), threads as ranks.
 #include <gtest/gtest.h>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/sbp/sbp.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "support/test_config.hpp"
+
+#include "boxing_checks.hpp"
 
 namespace flexpar::sbp {
 namespace {
@@ -20,7 +22,7 @@ std::vector<int> values(std::size_t n, int salt) {
 template <class From, class To, std::size_t N1, std::size_t N2>
 void check_move(const placement<N1>& a, const placement<N2>& b, const shape_t& shape, int salt) {
   const std::vector<int> full = values(elements_of(shape), salt);
-  auto t = global_tensor<int, From>::from_full(a, shape, full);
+  auto t = testing_support::distinct_source<int, From>(a, shape, full, salt);  // P: rank-distinct summands
   auto moved = to<To>(t, b);
   static_assert(std::is_same_v<decltype(moved), global_tensor<int, To>>);
   if (b.contains_me())
@@ -65,7 +67,8 @@ TEST(dynamic_form, boxes_to_run_time_targets) {
             for (const parallel& b0 : choices)
               for (const parallel& b1 : choices) {
                 nd_parallel from{{a0, a1}, 2}, target{{b0, b1}, 2};
-                auto t = dynamic_tensor<int, 2>::from_full(grid, shape, from, full);
+                auto t = dynamic_tensor<int, 2>::from_local(
+                    grid, shape, from, testing_support::distinct_partials(grid, shape, from, full, 3));
                 auto u = to(std::move(t), target);
                 EXPECT_EQ(u.layout(), target);
                 EXPECT_EQ(u.to_full(), full) << to_string(from) << " -> " << to_string(target);

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/sbp/sbp.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "support/test_config.hpp"
 
@@ -92,7 +92,8 @@ TEST(route_extents, the_run_time_form_takes_the_same_route_and_result) {
         placement<2> mesh(comm, {3, 2});
         const shape_t shape{7, 5};
         const std::vector<std::int64_t> full = logical<std::int64_t>(shape, 3);
-        auto t = dynamic_tensor<std::int64_t, 2>::from_full(mesh, shape, nd_of<from_t>::value, full);
+        auto t = dynamic_tensor<std::int64_t, 2>::from_local(
+            mesh, shape, nd_of<from_t>::value, distinct_partials(mesh, shape, nd_of<from_t>::value, full, 3));
         auto boxed = to(std::move(t), nd_of<to_t>::value);
         EXPECT_EQ(boxed.layout(), nd_of<to_t>::value);
         EXPECT_EQ(boxed.to_full(), full);

@@ -8,11 +8,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/sbp/ops.hpp>
 #include <flexpar/search/execute.hpp>
 #include <flexpar/search/mcmc.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include "cnn_fixtures.hpp"
 

@@ -3,10 +3,10 @@
 // {-1, 0, 1}: every sum is a small integer); a searched strategy does too; non-executable ones are refused.
 #include <gtest/gtest.h>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/search/execute.hpp>
 #include <flexpar/search/mcmc.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 namespace {
 

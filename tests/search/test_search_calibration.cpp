@@ -8,9 +8,9 @@
 #include <flexpar/collective/allreduce_ring.hpp>
 #include <flexpar/collective/alltoall_pairwise.hpp>
 #include <flexpar/collective/reduce_scatter_ring.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/search/simulator.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include <random>
 #include <string>

@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <flexpar/collective.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/search/simulator.hpp>
-#include <flexpar/transport/inproc.hpp>
 
 #include <cmath>
 #include <limits>

@@ -3,6 +3,7 @@
 
 #include <atomic>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/transport/inproc.hpp>
 
 #include "p2p_patterns.hpp"

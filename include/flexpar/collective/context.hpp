@@ -78,6 +78,7 @@ namespace detail {
 
 struct collective_context {
   std::unique_ptr<flexpar::transport> channel;  // private split of the communicator's transport
+  finalize_hook channel_at_finalize;            // MPI_Finalize closes the channel (core/mpi_finalize.hpp)
   std::uint64_t sequence = 0;                   // collectives started on this communicator
 
   // shared-memory path (one node): created on its first use, nullptr if some rank could not map it
@@ -98,11 +99,24 @@ struct collective_context {
 };
 
 /// The context of `comm`, built on the first collective call (which is collective anyway).
+/// @throws timeout_error when a rank does not make that first call within the communicator's timeout
+///         (the text names it); usage_error once MPI_Finalize has shut `comm` down.
 inline collective_context& context_of(communicator& comm) {
+  if (comm.finalized())
+    throw usage_error("[rank " + std::to_string(comm.rank()) +
+                      "] collective: called after MPI_Finalize shut its communicator down (destroy flexpar's "
+                      "objects before calling MPI_Finalize)");
   auto& state = comm.collective_state();
   if (!state) {
     auto fresh = std::make_shared<collective_context>();
-    fresh->channel = comm.transport().split(0, comm.rank());
+    try {
+      fresh->channel = comm.transport().split(0, comm.rank());
+    } catch (const timeout_error& e) {
+      throw timeout_error(std::string(e.what()) +
+                          " (the first collective on a communicator splits its transport: every rank must call "
+                          "the same collectives in the same order)");
+    }
+    fresh->channel_at_finalize = finalize_hook(comm.at_finalize(), [t = fresh->channel.get()] { t->close(); });
     state = std::move(fresh);
   }
   return *state;

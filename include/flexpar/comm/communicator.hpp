@@ -11,13 +11,18 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include <flexpar/core/config.hpp>
+#include <flexpar/core/mpi_comm.hpp>
+#include <flexpar/core/mpi_finalize.hpp>
 #include <flexpar/transport/transport.hpp>
 
 namespace flexpar {
@@ -25,33 +30,13 @@ namespace flexpar {
 namespace detail {
 struct collective_context;  // defined by include/flexpar/collective/context.hpp
 
-/// Sole owner of an MPI communicator: frees it on destruction (unless MPI is already finalized).
-class owned_mpi_comm {
- public:
-  owned_mpi_comm() = default;
-  explicit owned_mpi_comm(MPI_Comm comm) noexcept : comm_(comm) {}
-  owned_mpi_comm(owned_mpi_comm&& other) noexcept : comm_(std::exchange(other.comm_, MPI_COMM_NULL)) {}
-  owned_mpi_comm& operator=(owned_mpi_comm&& other) noexcept {
-    if (this != &other) {
-      reset();
-      comm_ = std::exchange(other.comm_, MPI_COMM_NULL);
-    }
-    return *this;
-  }
-  ~owned_mpi_comm() { reset(); }
-  [[nodiscard]] MPI_Comm get() const noexcept { return comm_; }
-  void reset() noexcept;
-
- private:
-  MPI_Comm comm_ = MPI_COMM_NULL;
-};
-
-/// MPI_Comm_dup of `comm` with MPI_ERRORS_RETURN set, so that failures reach FLEXPAR_CHECK_MPI.
-owned_mpi_comm duplicate_for_flexpar(MPI_Comm comm);
-
-/// Collective: MPI_Comm_split of `comm` (a negative color is MPI_UNDEFINED and gives an empty
-/// handle), with MPI_ERRORS_RETURN set on the result.
-owned_mpi_comm split_for_flexpar(MPI_Comm comm, int color, int key);
+/// The launchers of other MPIs, by the variable each sets to the number of processes it started.
+/// When one says more than one process while this MPI's world has `world_size` (1), the program was
+/// started by another MPI's launcher and every process runs alone: the text of the usage_error that
+/// says so (naming the launcher, the variable and the launcher to use), otherwise nullopt.
+/// `lookup` reads a variable (config::environment_lookup); `mpi_library` is MPI_Get_library_version's text.
+std::optional<std::string> wrong_launcher(const std::function<std::optional<std::string>(std::string_view)>& lookup,
+                                          int world_size, std::string_view mpi_library);
 }  // namespace detail
 
 /// Which ranks share a node (shared memory). Ranks of one node need not be consecutive.
@@ -105,9 +90,14 @@ class communicator {
  public:
   /// Collective over `comm`. Duplicates `comm` (messages never mix with yours), builds the transport
   /// `cfg.transport` over it and detects which ranks share a node (MPI_Comm_split_type SHARED, or
-  /// `cfg.ranks_per_node`).
+  /// `cfg.ranks_per_node`). Until MPI_Finalize: if the communicator (or anything built on it, such
+  /// as an engine) is still alive when MPI_Finalize runs, MPI_Finalize shuts it down cleanly first
+  /// (core/mpi_finalize.hpp) and any later use is a usage_error.
   /// @throws usage_error if MPI is not initialized, or its thread level is below `need` (the text
-  ///         says which level to ask MPI_Init_thread for).
+  ///         says which level to ask MPI_Init_thread for), or the process was started by another
+  ///         MPI's launcher (e.g. OMPI_COMM_WORLD_SIZE=2 while this MPI sees a world of 1: the text
+  ///         says to use mpiexec.mpich).
+  /// @throws timeout_error when not every rank of `comm` calls it within `cfg.timeout`.
   static communicator from_mpi(MPI_Comm comm, const config& cfg = config::from_environment(),
                                thread_need need = thread_need::single);
 
@@ -137,6 +127,7 @@ class communicator {
   /// Collective: the ranks that pass the same `color` form a new communicator, ordered by (key,
   /// rank); ranks that pass a negative color get std::nullopt. The new communicator's node topology
   /// is the parent's, restricted to its members.
+  /// @throws timeout_error naming the ranks that did not call it within settings().timeout.
   [[nodiscard]] std::optional<communicator> split(int color, int key) const;
 
   /// Collective: the ranks of my node (the intra-node group of hierarchical algorithms).
@@ -149,12 +140,24 @@ class communicator {
   /// by include/flexpar/collective/context.hpp, destroyed with this communicator before its transport.
   [[nodiscard]] std::shared_ptr<detail::collective_context>& collective_state() noexcept { return collective_; }
 
+  /// Where objects built on this communicator register what MPI_Finalize must shut down
+  /// (core/mpi_finalize.hpp); null for communicators without MPI (in-process).
+  [[nodiscard]] const std::shared_ptr<detail::finalize_registry>& at_finalize() const noexcept {
+    return at_finalize_.registry();
+  }
+  /// True once MPI_Finalize has shut this communicator down (its transport is closed).
+  [[nodiscard]] bool finalized() const noexcept { return transport_->closed(); }
+
  private:
+  /// Registers this communicator with `registry`: at MPI_Finalize its transport closes.
+  void close_at_finalize(std::shared_ptr<detail::finalize_registry> registry);
+
   std::unique_ptr<flexpar::transport> transport_;
   node_topology topology_;
   config config_;
   detail::owned_mpi_comm mpi_;
-  std::shared_ptr<detail::collective_context> collective_;  // last member: destroyed first
+  std::shared_ptr<detail::collective_context> collective_;  // destroyed before the transport
+  detail::finalize_hook at_finalize_;                       // last member: unregistered first
 };
 
 }  // namespace flexpar

@@ -1,7 +1,9 @@
 // flexpar/compress/minmax_uint8.hpp — min-max quantization to 8 bits, per chunk (BAGUA's bytegrad).
 //
 // Each chunk of `chunk` floats is stored as [float min][float max][chunk bytes]: 4x fewer bytes
-// than f32 (plus 8 bytes per chunk). Encoding: q = floor((x - min) * 255 / (max - min) + 1/2).
+// than f32 (plus 8 bytes per chunk). Encoding: q = floor((x - min) * s + 1/2) with s = 255 / (max -
+// min) (0 when max == min); decoding: min + q * ((max - min) / 255); every step in float, in this
+// order (a serial reference repeats it to the bit).
 //
 // Error bound (tested): |decode(encode(x)) - x| <= (max - min) / 510 of x's chunk, plus float
 // rounding (one ulp of max(|min|, |max|)). A constant chunk (max == min) decodes exactly.

@@ -2,7 +2,11 @@
 //
 // Per chunk of `chunk` floats: [float scale][ceil(chunk / 8) bytes of signs], scale = mean |v| of
 // the chunk, where v = x + residual (the error left over from the previous steps). Decoding gives
-// +-scale. The compressor keeps the residual of its tensor: residual' = v - decode(encode(v)), so
+// +-scale (- where v < 0). The mean is specified to the bit, so that a serial reference can repeat
+// it: |v| is summed in float in 8 lanes (element i of the chunk's first 8 floor(n / 8) in lane i mod
+// 8, the rest in lane 0, each lane in element order), the lanes are added in double in lane order,
+// and the sum divided by n in double is rounded to float. The compressor keeps the residual of its
+// tensor: residual' = v - decode(encode(v)), so
 //
 //   sum over steps of what was sent  =  sum over steps of x  -  residual after the last step,
 //

@@ -13,7 +13,10 @@
 // is what reaches a log from a job of 512 ranks; the structured fields are there for code.
 #pragma once
 
+#include <chrono>
+#include <cstdio>
 #include <source_location>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -74,6 +77,24 @@ inline std::string where(const std::source_location& loc) {
   std::string_view file = loc.file_name();
   if (auto slash = file.find_last_of('/'); slash != std::string_view::npos) file.remove_prefix(slash + 1);
   return std::string(file) + ":" + std::to_string(loc.line());
+}
+
+/// "rank {1}" or "ranks {0,2,3}": the ranks an error names.
+inline std::string rank_set(std::span<const int> ranks) {
+  std::string s = ranks.size() == 1 ? "rank {" : "ranks {";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (i != 0) s += ',';  // appended apart: "," + to_string(...) trips a false -Wrestrict in GCC 12
+    s += std::to_string(ranks[i]);
+  }
+  return s + "}";
+}
+
+/// "3 s", "0.25 s", "300 s": a duration in an error message (three significant digits).
+template <class Rep, class Period>
+std::string seconds_text(std::chrono::duration<Rep, Period> d) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.3g s", std::chrono::duration<double>(d).count());
+  return buffer;
 }
 
 /// Text of a failed C-API call: "[rank 3] MPI_Isend(buf, n, ...) failed: Invalid rank (code 6) at mpi.cpp:42".

@@ -52,10 +52,34 @@ void reduce_into(device_span<T> dst, device_span<const T> src, reduce_op op, cud
 template <element T>
 void reduce_into(device_span<T> dst, device_span<const T> a, device_span<const T> b, reduce_op op, cudaStream_t s);
 
+/// dst[i] = ((sources[0][i] (op) sources[1][i]) (op) sources[2][i]) ... on `s`: the sources folded in
+/// their order, each step computed in accumulate_t<T> and rounded to T, so the result is bit-identical
+/// to the host's reduce_into applied source by source (what a rank of the device intra-node path
+/// computes for its part, reading every peer's copy once). One launch per 8 sources; `dst` may be the
+/// first source (same address), but must not overlap any other. One source is a copy.
+/// @pre at least one source; every source has dst.size() elements (usage_error otherwise).
+template <element T>
+void reduce_into(device_span<T> dst, std::span<const device_span<const T>> sources, reduce_op op, cudaStream_t s);
+
+/// Type-erased many-source reduce_into: `sources` are device addresses of `count` elements of `t`.
+void reduce_into(dtype t, void* dst, std::span<const void* const> sources, std::size_t count, reduce_op op,
+                 cudaStream_t s);
+
 /// data[i] = data[i] / ranks on `s`, computed in accumulate_t<T> (integer division for integer
 /// types): what turns the sum of reduce_op::avg into the average. Nothing happens for ranks <= 1.
 template <element T>
 void scale_for_average(device_span<T> data, int ranks, cudaStream_t s);
+
+/// data[i] = value on `s`, for every dtype (what a rank that has joined contributes to a fused
+/// allreduce: the identity of the reduction).
+template <element T>
+void fill(device_span<T> data, T value, cudaStream_t s);
+
+/// out[i] = to(factor * from(in[i])) on `s`: the value widened to its accumulation type, multiplied
+/// by `factor` in double, narrowed to the output's accumulation type and rounded once to the output
+/// type, as the host's gradient_sync scales and decompresses. Pairs: any type to itself (in == out
+/// allowed), f32 to and from f16 and bf16. @throws usage_error for another pair.
+void convert(dtype from, const void* in, dtype to, void* out, std::size_t count, double factor, cudaStream_t s);
 
 /// Type-erased reduce_into for code that holds a dtype and raw device bytes (fusion buffers).
 /// @pre dst and src hold `count` elements of `t`.

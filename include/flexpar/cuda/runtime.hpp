@@ -22,6 +22,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <flexpar/core/check_cuda.hpp>
 #include <flexpar/core/error.hpp>
@@ -115,8 +116,10 @@ class stream {
 /// An owning CUDA event (timing enabled unless asked otherwise).
 class event {
  public:
-  /// A new event; `timing` false gives cudaEventDisableTiming (cheaper, for ordering only).
-  explicit event(bool timing = true);
+  /// A new event; `timing` false gives cudaEventDisableTiming (cheaper, for ordering only);
+  /// `interprocess` adds cudaEventInterprocess (an event other processes may wait for through
+  /// cudaIpcGetEventHandle; CUDA requires it without timing, so it implies timing false).
+  explicit event(bool timing = true, bool interprocess = false);
   ~event();
   event(event&& other) noexcept : e_(std::exchange(other.e_, nullptr)) {}  ///< takes ownership
   event& operator=(event&& other) noexcept;                                ///< takes ownership
@@ -237,6 +240,25 @@ void copy_async(device_span<T> dst, device_span<U> src, cudaStream_t s) {
   if (dst.size() != src.size())
     detail::throw_size_mismatch("copy_async(device -> device)", dst.size(), src.size(), sizeof(T));
   detail::copy_bytes_async(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDeviceToDevice, s);
+}
+
+/// A new device buffer holding a copy of `host`, enqueued on `s` (`host` must stay unchanged until
+/// `s` has run the copy).
+template <class T>
+device_buffer<T> to_device(std::span<const T> host, cudaStream_t s) {
+  device_buffer<T> d(host.size());
+  copy_async(d.span(), host, s);
+  return d;
+}
+/// Device memory's contents on the host: the copy is enqueued on `s`, which is then waited for as
+/// synchronize(s, deadline, what) does. @throws timeout_error past the deadline.
+template <class T>
+std::vector<std::remove_const_t<T>> to_host(device_span<T> d, cudaStream_t s, std::chrono::milliseconds deadline,
+                                            std::string_view what) {
+  std::vector<std::remove_const_t<T>> host(d.size());
+  copy_async(std::span<std::remove_const_t<T>>(host), d, s);
+  synchronize(s, deadline, what);
+  return host;
 }
 
 }  // namespace flexpar::cuda

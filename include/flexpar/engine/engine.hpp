@@ -25,11 +25,32 @@
 //  5. Every rank runs the responses in list order: consecutive allreduces of one dtype and op are
 //     packed into the fusion buffer (up to `fusion_threshold` bytes), reduced with one collective,
 //     and unpacked; the others run one by one. Handles complete (callbacks run on the background
-//     thread); errors complete the handle of that tensor on every rank that submitted it.
+//     thread); errors complete the handle of that tensor on every rank that submitted it (see
+//     "Errors" below for when handle::wait rethrows them).
+//     Device tensors (memory_kind::cuda, flexpar/cuda/engine.hpp) take the same steps; their
+//     description carries the memory kind (ranks must agree), a fused run never mixes the kinds, and
+//     a device response is handed to the device backend, which runs it on the GPU after its producers'
+//     stream positions; its handles complete when the GPU is done (the background thread polls), and
+//     handle::order_after() orders a stream after it without waiting on the host.
 //  6. Every rank enters each newly run description into its response cache at the same slot
 //     (slots are given in response order, so every cache agrees without a message).
 // A rank that reaches no coordinator (or a coordinator that misses a rank's report) before
 // `config::timeout` fails every pending handle with the timeout and refuses new work.
+//
+// ## Errors and the caller's buffers
+// When one tensor fails (a mismatch, a stall timeout, an output too small, a name submitted twice)
+// the others of its batch may still be waiting for other ranks or running. handle::wait rethrows
+// the error only once every tensor this rank submitted before that wait has finished, so that a
+// caller who unwinds on the error and frees its buffers never frees one the engine still reads or
+// writes (a completion callback gets the error at once: it runs on the engine's thread). A failed
+// collective (timeout, peer failure) fails every tensor at once: nothing runs after it, and the
+// transport settles the failed collective's own messages before the error leaves it
+// (transport.hpp). The destructor returns only once the background thread has ended.
+//
+// ## MPI_Finalize
+// An engine still alive at MPI_Finalize is shut down by it (core/mpi_finalize.hpp): the same
+// collective shutdown as the destructor's, timeline included, before its communicator closes;
+// afterwards submissions fail with a usage_error and the destructor only frees memory.
 //
 // Cost per cycle: one small message to and from the coordinator per rank (2 latencies); in steady
 // state a report is a list of slot numbers, 4 bytes per tensor.
@@ -48,7 +69,9 @@
 #include <flexpar/core/config.hpp>
 #include <flexpar/core/dtype.hpp>
 #include <flexpar/core/error.hpp>
+#include <flexpar/core/memory.hpp>
 #include <flexpar/core/reduce_op.hpp>
+#include <flexpar/engine/device_backend.hpp>
 
 namespace flexpar {
 
@@ -71,7 +94,9 @@ class handle {
   /// True once the collective finished (successfully or not). Never blocks.
   [[nodiscard]] bool test() const;
   /// Blocks until finished. @throws the error the collective ended with (mismatch_error,
-  /// timeout_error, usage_error, transport_error, ...); timeout_error at `until` if still running.
+  /// timeout_error, usage_error, transport_error, ...), once every tensor this rank submitted
+  /// before this call has finished too; timeout_error at `until` if this tensor, or one of those,
+  /// is still running (the text then carries this tensor's error and names those).
   void wait(deadline until) const;
   /// wait() with the engine's config::timeout.
   void wait() const;
@@ -79,6 +104,13 @@ class handle {
   [[nodiscard]] std::size_t result_count() const;
   /// The tensor's name as submitted.
   [[nodiscard]] const std::string& name() const;
+  /// Where the tensor lives (memory_kind::cuda for a device tensor, flexpar/cuda/engine.hpp).
+  [[nodiscard]] memory_kind memory() const;
+  /// For a device tensor: waits (on the host, with the engine's timeout) until its collective has been
+  /// enqueued on the device, then makes `stream` (a cudaStream_t) wait, on the device, for its end:
+  /// work enqueued on `stream` afterwards sees the result, and the host waits for nothing more.
+  /// @throws the collective's error when it failed before it was enqueued; usage_error for a host tensor.
+  void order_after(void* stream) const;
 
  private:
   friend class detail::engine_core;
@@ -99,8 +131,13 @@ class engine {
   /// Collective over `comm`'s ranks: builds the engine's own sub-communicator (its traffic never
   /// mixes with yours), starts the background thread. `cfg` defaults to the communicator's settings.
   /// @throws usage_error when `comm` runs on MPI and MPI provides less than MPI_THREAD_MULTIPLE
-  ///         (the background thread calls MPI while your threads may too).
-  explicit engine(communicator& comm, std::optional<config> cfg = std::nullopt, log_sink log = {});
+  ///         (the background thread calls MPI while your threads may too), or (on every rank) when
+  ///         rank 0 cannot open `cfg.timeline_path` for writing.
+  /// @throws timeout_error naming the ranks that did not construct it within the timeout.
+  /// `device` (optional; it must outlive the engine) runs the collectives of device tensors:
+  /// flexpar::cuda::engine_backend. Every rank of an engine that runs device tensors needs one.
+  explicit engine(communicator& comm, std::optional<config> cfg = std::nullopt, log_sink log = {},
+                  device_backend* device = nullptr);
   /// Collective: waits until every rank is shutting down, then stops the background thread. Pending
   /// handles of tensors that never became ready on every rank fail with "engine shut down".
   ~engine();
@@ -158,6 +195,19 @@ class engine {
     return submit(std::move(name), collective_kind::broadcast, type, reduce_op::sum, root, data, data, count,
                   std::move(done));
   }
+
+  /// The type-erased submission of a device tensor, behind flexpar/cuda/engine.hpp's typed functions:
+  /// `in` and `out` are device addresses (`count` input elements; `out_capacity` output elements),
+  /// `ready` the position of its producer's stream (device_backend::capture). The same rules as the
+  /// host forms; every rank must submit the tensor as a device tensor (a host tensor of the same name
+  /// elsewhere is a mismatch), and a fused response holds only device tensors.
+  /// @throws usage_error when this engine has no device backend.
+  handle submit_device(std::string name, collective_kind kind, dtype type, reduce_op op, int root, const void* in,
+                       void* out, std::size_t count, std::size_t out_capacity, device_marker ready,
+                       completion_callback done = {});
+
+  /// The device backend the engine was built with, or null.
+  [[nodiscard]] device_backend* device() const noexcept;
 
   /// For uneven data: this rank has no more tensors. Until every rank has joined, it contributes
   /// the identity of the op (zeros for sum/avg) to the others' allreduces and receives their

@@ -9,6 +9,12 @@
 //     if (sync.synchronize()) optimizer_step();      // false on local-accumulation passes
 //   }
 //
+// Parameters on the GPU (the engine built with a device backend; flexpar/cuda/engine.hpp registers
+// device spans): on_gradient_ready(name, stream) names the stream that produced the gradient, and
+// synchronize(stream) returns without waiting for the GPU: it orders `stream` after the reductions and
+// enqueues the scaling (and the decompression) on it, so the optimizer's kernels queued next see the
+// averaged gradients.
+//
 // on_gradient_ready(name) submits that gradient's allreduce at once, so communication overlaps the
 // rest of the backward pass; the engine fuses what becomes ready together (bucketing follows
 // readiness). synchronize() submits the gradients not marked ready (unused parameters: every rank
@@ -34,6 +40,7 @@ enum class gradient_reduction : unsigned char {
 enum class wire_compression : unsigned char {
   none,  ///< gradients travel in their own dtype
   fp16,  ///< f32 gradients travel as IEEE half (half the bytes; reduced in f32 per step of the ring)
+  bf16,  ///< f32 gradients travel as bfloat16 (half the bytes, f32's range, 8 bits of mantissa)
 };
 
 /// How a gradient_sync reduces, compresses and accumulates.
@@ -64,17 +71,34 @@ class gradient_sync {
         parameter.size(), gradient.size());
   }
 
+  /// Registers a parameter and its gradient in device memory (elements of `type`; the counts must
+  /// agree): the type-erased form behind flexpar::cuda::register_parameter. The engine must have a device backend.
+  /// @throws usage_error as register_parameter, or when the engine has no device backend.
+  void register_device_parameter(std::string name, dtype type, void* parameter, std::size_t parameter_count,
+                                 void* gradient, std::size_t gradient_count);
+
   /// Called by the backward pass when `name`'s gradient is final for this pass. On the last pass of
-  /// a step it starts that gradient's allreduce. Thread-safe.
+  /// a step it starts that gradient's allreduce. Thread-safe. For a device parameter use the form
+  /// with the stream (usage_error here).
   void on_gradient_ready(std::string_view name);
+  /// The same for a device parameter whose gradient was produced on `stream` (a cudaStream_t): its
+  /// allreduce runs after the work queued there so far.
+  void on_gradient_ready(std::string_view name, void* stream);
 
   /// Ends a backward pass. On the last pass of a step: submits the gradients not yet marked ready,
   /// waits for all of them, scales them, and returns true (take the optimizer step). On the other
-  /// passes returns false at once (keep accumulating).
+  /// passes returns false at once (keep accumulating). With device parameters use synchronize(stream).
   bool synchronize();
+  /// synchronize() for parameters on the GPU (host parameters too): the device gradients not yet marked
+  /// ready are submitted after the work on `stream`; host gradients are waited for and scaled as
+  /// above; `stream` is made to wait for the device reductions and their scaling is enqueued on it.
+  /// Returns when all that is enqueued, without waiting for the GPU.
+  bool synchronize(void* stream);
 
-  /// Collective: every rank's parameters become rank `root`'s.
-  void broadcast_parameters(int root);
+  /// Collective: every rank's parameters (host and device) become rank `root`'s; returns when they have.
+  /// Device parameters are read once the work queued on `stream` (a cudaStream_t; null: nothing to
+  /// wait for) has run: their initialization.
+  void broadcast_parameters(int root, void* stream = nullptr);
 
   /// The options it was built with.
   [[nodiscard]] const gradient_sync_options& options() const noexcept;

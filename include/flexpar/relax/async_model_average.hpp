@@ -103,6 +103,8 @@ class async_model_average final : public relaxation {
       error_ = nullptr;
     }
     thread_ = std::thread([this] { run(); });
+    // Still running at MPI_Finalize: stop the thread there, before links_ closes its transport.
+    at_finalize_ = flexpar::detail::finalize_hook(links_->at_finalize(), [this] { stop_locally(); });
   }
 
   /// The optimizer step, under the weights' lock; rethrows an error of the background thread.
@@ -285,7 +287,8 @@ class async_model_average final : public relaxation {
   std::exception_ptr error_;
 
   std::atomic<std::uint64_t> rounds_{0}, bytes_{0}, steps_{0};
-  std::thread thread_;  // last: joined before the members it uses go away
+  std::thread thread_;                          // joined before the members it uses go away
+  flexpar::detail::finalize_hook at_finalize_;  // last: unregistered first
 };
 
 }  // namespace flexpar::relax

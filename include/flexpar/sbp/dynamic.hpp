@@ -84,9 +84,11 @@ class dynamic_tensor {
   /// Returns the shard's buffer to the placement's pool (where the next boxing or tensor reuses it).
   ~dynamic_tensor() { where_.pool().give_back(std::move(local_)); }
 
-  /// Every mesh rank passes the full logical tensor and keeps its shard (as global_tensor::from_full).
+  /// Collective over the mesh: every mesh rank passes the full logical tensor and keeps its shard
+  /// (as global_tensor::from_full, whose shape check it shares).
   static dynamic_tensor from_full(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
                                   std::span<const T> full) {
+    detail::check_same_shape(where, shape, "dynamic_tensor::from_full");
     dynamic_tensor t(where, std::move(shape), s);
     if (full.size() != elements_of(t.shape_))
       throw usage_error(detail::on_rank(where.parent().rank(), "dynamic_tensor::from_full") + "shape " +
@@ -99,9 +101,17 @@ class dynamic_tensor {
     detail::zero_partial_copies<T>(t.local_, s, where.coords());
     return t;
   }
-  /// Adopts `local` as my shard (its size is checked).
+  /// Collective over the mesh: adopts `local` as my shard (its size is checked, and that every mesh
+  /// rank passed the same shape, as global_tensor::from_local).
   static dynamic_tensor from_local(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
                                    aligned_vector<T> local) {
+    detail::check_same_shape(where, shape, "dynamic_tensor::from_local");
+    return adopt(where, std::move(shape), s, std::move(local));
+  }
+  /// For ops and the executor: my shard of a tensor computed from tensors whose shapes agree already
+  /// (no communication; its size is checked).
+  static dynamic_tensor adopt(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s,
+                              aligned_vector<T> local) {
     dynamic_tensor t(where, std::move(shape), s);
     const std::size_t want = where.contains_me() ? t.my_box().elements() : 0;
     if (local.size() != want)
@@ -124,7 +134,7 @@ class dynamic_tensor {
   static dynamic_tensor from(global_tensor<T, S, M>&& t) {
     const auto where = t.where();
     shape_t shape = t.shape();
-    return from_local(where, std::move(shape), nd_of<S>::value, std::move(t).release());
+    return adopt(where, std::move(shape), nd_of<S>::value, std::move(t).release());
   }
   /// Back to a static type. @throws usage_error when the run-time SBP is not S.
   template <sbp_type S>
@@ -132,7 +142,7 @@ class dynamic_tensor {
     if (!(nd_of<S>::value == sbp_))
       throw usage_error(detail::on_rank(where_.parent().rank(), "dynamic_tensor::as") + "the tensor is " +
                         to_string(sbp_) + ", not " + to_string<S>());
-    return global_tensor<T, S>::from_local(where_, shape_, std::move(local_));
+    return global_tensor<T, S>::adopt(where_, shape_, std::move(local_));
   }
 
   /// The nd-SBP now.
@@ -281,11 +291,11 @@ dynamic_tensor<T, N> matmul(const dynamic_tensor<T, N>& a, const dynamic_tensor<
       cheapest_matmul_signature(a.layout(), a.shape(), b.layout(), b.shape(), a.where().shape(), sizeof(T), machine);
   const dynamic_tensor<T, N> x = to(a.clone(), sig.left), y = to(b.clone(), sig.right);
   const shape_t out_shape{a.shape()[0], b.shape()[1]};
-  if (!a.where().contains_me()) return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, {});
+  if (!a.where().contains_me()) return dynamic_tensor<T, N>::adopt(a.where(), out_shape, sig.out, {});
   const box bx = x.my_box(), by = y.my_box();
   aligned_vector<T> c = a.where().pool().template acquire<T>(bx.extent[0] * by.extent[1]);  // gemm writes every element
   local::gemm(bx.extent[0], by.extent[1], bx.extent[1], x.to_local().data(), y.to_local().data(), c.data());
-  return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, std::move(c));
+  return dynamic_tensor<T, N>::adopt(a.where(), out_shape, sig.out, std::move(c));
 }
 
 namespace detail {
@@ -321,12 +331,11 @@ dynamic_tensor<T, N> conv_dynamic(const dynamic_tensor<T, N>& a, const dynamic_t
   }
   const dynamic_tensor<T, N>& x = moves ? *boxed_a : a;
   const dynamic_tensor<T, N>& y = moves ? *boxed_b : b;
-  if (!a.where().contains_me()) return dynamic_tensor<T, N>::from_local(a.where(), out_shape, sig.out, {});
+  if (!a.where().contains_me()) return dynamic_tensor<T, N>::adopt(a.where(), out_shape, sig.out, {});
   const shape_t out_local = shard_box(out_shape, sig.out, mesh, a.where().coords()).extent;
-  return dynamic_tensor<T, N>::from_local(
-      a.where(), out_shape, sig.out,
-      conv_local<T>(a.where().pool(), rank, Pass, x.my_box().extent, x.to_local().data(), y.my_box().extent,
-                    y.to_local().data(), out_local, pad));
+  return dynamic_tensor<T, N>::adopt(a.where(), out_shape, sig.out,
+                                     conv_local<T>(a.where().pool(), rank, Pass, x.my_box().extent, x.to_local().data(),
+                                                   y.my_box().extent, y.to_local().data(), out_local, pad));
 }
 }  // namespace detail
 

@@ -74,6 +74,48 @@ constexpr reduce_op partial_op_of(const nd_parallel& s) noexcept {
   return reduce_op::sum;
 }
 
+/// Collective over the mesh (nothing outside it): throws mismatch_error on every mesh rank when they
+/// were not all given the same logical shape, naming each shape and its ranks. Costs one allreduce of
+/// 32 bytes (a digest of the shape); the shapes themselves are gathered only to name them.
+template <std::size_t N>
+void check_same_shape(const placement<N>& where, const shape_t& shape, std::string_view what) {
+  if (!where.contains_me()) return;
+  communicator& g = where.group();
+  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over the axis count and the extents
+  auto mix = [&](std::uint64_t v) {
+    for (int byte = 0; byte < 8; ++byte) hash = (hash ^ ((v >> (8 * byte)) & 0xffu)) * 1099511628211ull;
+  };
+  mix(shape.size());
+  for (std::size_t e : shape) mix(e);
+  const auto axes = static_cast<std::int64_t>(shape.size()), digest = static_cast<std::int64_t>(hash >> 1);
+  std::int64_t most[4] = {axes, digest, -axes, -digest};  // max of x and of -x: max and -min
+  allreduce(g, std::span<std::int64_t>(most), reduce_op::max);
+  if (most[0] == -most[2] && most[1] == -most[3]) return;
+  // They differ: every mesh rank learns every shape (padded to the most axes) to name them.
+  const std::size_t width = 1 + static_cast<std::size_t>(most[0]);
+  std::vector<std::int64_t> mine(width, 0), all(width * static_cast<std::size_t>(g.size()));
+  mine[0] = axes;
+  for (std::size_t d = 0; d < shape.size(); ++d) mine[1 + d] = static_cast<std::int64_t>(shape[d]);
+  allgather(g, std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  std::vector<std::pair<shape_t, std::vector<int>>> groups;
+  for (int q = 0; q < g.size(); ++q) {
+    const std::int64_t* row = all.data() + width * static_cast<std::size_t>(q);
+    shape_t theirs(static_cast<std::size_t>(row[0]));
+    for (std::size_t d = 0; d < theirs.size(); ++d) theirs[d] = static_cast<std::size_t>(row[1 + d]);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& grp) { return grp.first == theirs; });
+    if (it == groups.end())
+      groups.push_back({std::move(theirs), {q}});
+    else
+      it->second.push_back(q);
+  }
+  std::string text;
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    if (k > 0) text += k + 1 == groups.size() ? " but " : ", ";
+    text += to_string(groups[k].first) + " on mesh " + flexpar::detail::rank_set(groups[k].second);
+  }
+  throw mismatch_error(on_rank(where.parent().rank(), what) + "the mesh ranks disagree about the shape: " + text);
+}
+
 /// Collective over the mesh: the full logical tensor of shards `local` laid out by `s`, on every mesh
 /// rank (empty outside it). Independent of boxing (the oracle of the boxing tests): every shard is
 /// gathered with its box, and the ranks that hold a broadcast copy at coordinate 0 contribute,
@@ -156,10 +198,13 @@ class global_tensor {
   /// Returns the shard's buffer to the placement's pool (where the next boxing or tensor reuses it).
   ~global_tensor() { placement_.pool().give_back(std::move(local_)); }
 
-  /// Every mesh rank passes the same full logical tensor and keeps its shard; no communication.
-  /// Under partial<sum> the mesh coordinate 0 keeps the values and the others hold zeros; under
+  /// Collective over the mesh: every mesh rank passes the same full logical tensor and keeps its
+  /// shard; the only communication is the check that every mesh rank passed the same shape
+  /// (detail::check_same_shape: mismatch_error naming the shapes and ranks otherwise). Under
+  /// partial<sum> the mesh coordinate 0 keeps the values and the others hold zeros; under
   /// partial<max/min> every rank keeps them (max(x, x) = x).
   static global_tensor from_full(const placement_type& where, shape_t shape, std::span<const T> full) {
+    detail::check_same_shape(where, shape, "global_tensor::from_full");
     check_full(where, shape, full.size(), "from_full");
     global_tensor t(where, std::move(shape));
     if (!where.contains_me()) return t;
@@ -173,6 +218,7 @@ class global_tensor {
   /// Collective over the mesh: mesh index `root` passes the full tensor (others pass an empty span)
   /// and every rank receives its shard (one alltoall_v: root sends each shard once).
   static global_tensor scatter(const placement_type& where, shape_t shape, std::span<const T> full, int root = 0) {
+    detail::check_same_shape(where, shape, "global_tensor::scatter");
     global_tensor t(where, std::move(shape));
     if (!where.contains_me()) return t;
     communicator& g = where.group();
@@ -203,8 +249,16 @@ class global_tensor {
     return t;
   }
 
-  /// Adopts `local` as this rank's shard (local.size() must be the shard size of `shape`); no copy.
+  /// Collective over the mesh: adopts `local` as this rank's shard (local.size() must be the shard
+  /// size of `shape`); no copy. Checks that every mesh rank passed the same shape (as from_full).
   static global_tensor from_local(const placement_type& where, shape_t shape, aligned_vector<T> local) {
+    detail::check_same_shape(where, shape, "global_tensor::from_local");
+    return adopt(where, std::move(shape), std::move(local));
+  }
+
+  /// For ops and boxing: a tensor of this type from a shard computed from tensors whose shapes agree
+  /// already (no communication; checks the shard's size only).
+  static global_tensor adopt(const placement_type& where, shape_t shape, aligned_vector<T> local) {
     global_tensor t(where, std::move(shape));
     if (!where.contains_me()) {
       if (!local.empty())
@@ -267,11 +321,6 @@ class global_tensor {
 
   /// The op of the partial entries (sum when there are none).
   static constexpr reduce_op partial_op() noexcept { return detail::partial_op_of(nd_sbp::value); }
-
-  /// For boxing: a tensor of this type from a shard it has computed (no checks beyond the size).
-  static global_tensor adopt(const placement_type& where, shape_t shape, aligned_vector<T> local) {
-    return from_local(where, std::move(shape), std::move(local));
-  }
 
  private:
   global_tensor(const placement_type& where, shape_t shape) : placement_(where), shape_(std::move(shape)) {

@@ -324,9 +324,9 @@ auto conv_static(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& 
       const int rank = a.where().parent().rank();
       require_same_placement(a, b, name_of(Pass));
       const shape_t out_shape = conv_out_shape(rank, Pass, a.shape(), b.shape(), pad);
-      if (!a.where().contains_me()) return global_tensor<T, Out, M>::from_local(a.where(), out_shape, {});
+      if (!a.where().contains_me()) return global_tensor<T, Out, M>::adopt(a.where(), out_shape, {});
       const shape_t out_local = shard_box(out_shape, sig.out, a.where().shape(), a.where().coords()).extent;
-      return global_tensor<T, Out, M>::from_local(
+      return global_tensor<T, Out, M>::adopt(
           a.where(), out_shape,
           conv_local<T>(a.where().pool(), rank, Pass, a.local_shape(), a.to_local().data(), b.local_shape(),
                         b.to_local().data(), out_local, pad));
@@ -358,14 +358,14 @@ auto matmul(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
         throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "shapes " + to_string(a.shape()) +
                           " x " + to_string(b.shape()) + " do not multiply ([m, k] x [k, n])");
       const shape_t out_shape{a.shape()[0], b.shape()[1]};
-      if (!a.where().contains_me()) return global_tensor<T, Out, M>::from_local(a.where(), out_shape, {});
+      if (!a.where().contains_me()) return global_tensor<T, Out, M>::adopt(a.where(), out_shape, {});
       const shape_t la = a.local_shape(), lb = b.local_shape();
       if (la[1] != lb[0])
         throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "local shards " + to_string(la) +
                           " x " + to_string(lb) + " do not multiply");
       aligned_vector<T> c = a.where().pool().template acquire<T>(la[0] * lb[1]);  // gemm writes every element
       local::gemm(la[0], lb[1], la[1], a.to_local().data(), b.to_local().data(), c.data());
-      return global_tensor<T, Out, M>::from_local(a.where(), out_shape, std::move(c));
+      return global_tensor<T, Out, M>::adopt(a.where(), out_shape, std::move(c));
     }
   }
 }
@@ -410,7 +410,7 @@ auto add(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
       aligned_vector<T> out = a.where().pool().template acquire<T>(a.to_local().size());
       const auto x = a.to_local(), y = b.to_local();
       for (std::size_t i = 0; i < out.size(); ++i) out[i] = T(accumulate_t<T>(x[i]) + accumulate_t<T>(y[i]));
-      return global_tensor<T, A, M>::from_local(a.where(), a.shape(), std::move(out));
+      return global_tensor<T, A, M>::adopt(a.where(), a.shape(), std::move(out));
     }
   }
 }
@@ -432,7 +432,7 @@ auto mul(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
       aligned_vector<T> out = a.where().pool().template acquire<T>(a.to_local().size());
       const auto x = a.to_local(), y = b.to_local();
       for (std::size_t i = 0; i < out.size(); ++i) out[i] = T(accumulate_t<T>(x[i]) * accumulate_t<T>(y[i]));
-      return global_tensor<T, Out, M>::from_local(a.where(), a.shape(), std::move(out));
+      return global_tensor<T, Out, M>::adopt(a.where(), a.shape(), std::move(out));
     }
   }
 }
@@ -448,7 +448,7 @@ auto relu(const global_tensor<T, A, M>& t) {
     aligned_vector<T> out = t.where().pool().acquire_copy(t.to_local());
     for (T& x : out)
       if (accumulate_t<T>(x) < accumulate_t<T>(0)) x = T(accumulate_t<T>(0));
-    return global_tensor<T, A, M>::from_local(t.where(), t.shape(), std::move(out));
+    return global_tensor<T, A, M>::adopt(t.where(), t.shape(), std::move(out));
   }
 }
 
@@ -478,7 +478,7 @@ auto softmax(const global_tensor<T, A, M>& t) {
             row[r * v.inner] = T(accumulate_t<T>(std::exp(double(accumulate_t<T>(row[r * v.inner])) - hi) / sum));
         }
     }
-    return global_tensor<T, A, M>::from_local(t.where(), t.shape(), std::move(out));
+    return global_tensor<T, A, M>::adopt(t.where(), t.shape(), std::move(out));
   }
 }
 
@@ -502,7 +502,7 @@ auto embedding(const global_tensor<T, W, M>& weight, const global_tensor<std::in
                           to_string(weight.shape()) + " and ids " + to_string(ids.shape()) +
                           ": it needs weight [V, D] and ids [N]");
       const shape_t out_shape{ids.shape()[0], weight.shape()[1]};
-      if (!weight.where().contains_me()) return global_tensor<T, Out, M>::from_local(weight.where(), out_shape, {});
+      if (!weight.where().contains_me()) return global_tensor<T, Out, M>::adopt(weight.where(), out_shape, {});
       const box rows = weight.my_box();
       const std::size_t cols = rows.extent[1];
       const auto w = weight.to_local();
@@ -517,7 +517,7 @@ auto embedding(const global_tensor<T, W, M>& weight, const global_tensor<std::in
         std::copy_n(w.begin() + static_cast<std::ptrdiff_t>((row - rows.offset[0]) * cols), cols,
                     out.begin() + static_cast<std::ptrdiff_t>(i * cols));
       }
-      return global_tensor<T, Out, M>::from_local(weight.where(), out_shape, std::move(out));
+      return global_tensor<T, Out, M>::adopt(weight.where(), out_shape, std::move(out));
     }
   }
 }
@@ -537,7 +537,7 @@ auto reduce_sum(const global_tensor<T, A, M>& t) {
                         " of a tensor of shape " + to_string(t.shape()));
     shape_t out_shape = t.shape();
     out_shape.erase(out_shape.begin() + Axis);
-    if (!t.where().contains_me()) return global_tensor<T, Out, M>::from_local(t.where(), out_shape, {});
+    if (!t.where().contains_me()) return global_tensor<T, Out, M>::adopt(t.where(), out_shape, {});
     const detail::around v(t.local_shape(), Axis);
     std::vector<accumulate_t<T>> acc(v.outer * v.inner, accumulate_t<T>(0));
     const auto x = t.to_local();
@@ -547,7 +547,7 @@ auto reduce_sum(const global_tensor<T, A, M>& t) {
           acc[o * v.inner + i] += accumulate_t<T>(x[(o * v.rows + r) * v.inner + i]);
     aligned_vector<T> out = t.where().pool().template acquire<T>(acc.size());
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = T(acc[i]);
-    return global_tensor<T, Out, M>::from_local(t.where(), out_shape, std::move(out));
+    return global_tensor<T, Out, M>::adopt(t.where(), out_shape, std::move(out));
   }
 }
 

@@ -22,12 +22,16 @@ namespace flexpar::search {
 
 /// Search budget and knobs.
 struct search_options {
-  std::size_t iterations = 20000;  ///< proposals in all (0: no limit, then seconds must be > 0)
-  double seconds = 0;              ///< wall-clock budget (0: no limit)
-  double beta = 50;                ///< Metropolis inverse temperature on the relative time difference
-  double copy_probability = 0.3;   ///< share of proposals that copy a neighbour's config
-  std::size_t random_starts = 1;   ///< random initial candidates besides data parallel and expert
-  std::size_t report_every = 0;    ///< call the progress callback every this many proposals (0: never)
+  /// Steps in all (0: no limit, then seconds must be > 0), divided evenly among the chains (one per
+  /// starting strategy: data parallelism, the expert, random_starts random ones; the remainder is
+  /// dropped). A step draws a config for a random op; a draw equal to the op's current config is
+  /// skipped, so the proposals evaluated are at most this many (search_result::proposals).
+  std::size_t iterations = 20000;
+  double seconds = 0;             ///< wall-clock budget (0: no limit)
+  double beta = 50;               ///< Metropolis inverse temperature on the relative time difference
+  double copy_probability = 0.3;  ///< share of proposals that copy a neighbour's config
+  std::size_t random_starts = 1;  ///< random initial candidates besides data parallel and expert
+  std::size_t report_every = 0;   ///< call the progress callback every this many proposals (0: never)
   /// When set, only configs it accepts are proposed and only candidates it fully accepts start a chain
   /// (e.g. `executable` strategies); data parallelism must pass it.
   std::function<bool(std::size_t op, const soap_config&)> allow;
@@ -49,7 +53,9 @@ struct search_result {
   double data_parallel_time = 0;    ///< data parallelism's simulated step time
   double expert_time = 0;           ///< the expert strategy's simulated step time
   bool beat_data_parallel = false;  ///< false: `best` is data parallelism
-  std::size_t proposals = 0;        ///< proposals evaluated
+  std::size_t steps = 0;            ///< steps taken (what search_options::iterations counts)
+  std::size_t chains = 0;           ///< chains run (one per starting strategy)
+  std::size_t proposals = 0;        ///< proposals evaluated (steps that drew a config other than the op's)
   std::size_t accepted = 0;         ///< proposals accepted
   double seconds = 0;               ///< wall-clock time of the search
 };

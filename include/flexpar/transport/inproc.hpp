@@ -3,12 +3,11 @@
 // For fast unit tests across many world sizes (the gloo model). Messages are matched per
 // (receiver, sender, tag) in send order and copied once, straight from the sender's buffer into the
 // receiver's (a send completes when the receiver has its bytes: rendezvous, like a large MPI message).
+// Communicators over such a world: run_in_process (flexpar/comm/run_in_process.hpp).
 #pragma once
 
-#include <functional>
 #include <memory>
 
-#include <flexpar/comm/communicator.hpp>
 #include <flexpar/transport/transport.hpp>
 
 namespace flexpar {
@@ -34,11 +33,5 @@ class inproc_world {
  private:
   std::shared_ptr<detail::inproc_state> state_;
 };
-
-/// Runs `body(comm)` on `size` threads, one communicator each, over one inproc_world; `ranks_per_node`
-/// (0 = all ranks on one node) sets the node topology. After every thread has ended, rethrows the
-/// exception of the lowest rank that threw one. Give `cfg.timeout` a short value in tests so that
-/// a rank waiting on a failed one ends soon.
-void run_in_process(int size, const std::function<void(communicator&)>& body, config cfg = {}, int ranks_per_node = 0);
 
 }  // namespace flexpar

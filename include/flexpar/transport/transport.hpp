@@ -5,7 +5,10 @@
 //
 // Contract of every transport:
 //  - isend/irecv are non-blocking and return a `request`; the span must stay valid and untouched
-//    until the request completes (or is destroyed, which cancels it where the library allows).
+//    until the request completes or is destroyed. Destroying an unfinished request settles it: a
+//    receive not yet matched is cancelled; a matched receive, or a send (which MPI and UCX cannot
+//    cancel once started: the peer may be reading the buffer), is waited for up to one timeout
+//    (config::timeout, shared by the requests abandoned together), then released to the library.
 //  - Matching is by (peer, tag). Two messages from the same sender with the same tag are received
 //    in the order they were sent. There is no wildcard source or tag.
 //  - A receive buffer may be larger than the message (request::bytes() tells the size received);
@@ -25,17 +28,10 @@
 #include <string_view>
 
 #include <flexpar/core/config.hpp>
+#include <flexpar/core/deadline.hpp>
 #include <flexpar/core/error.hpp>
 
 namespace flexpar {
-
-/// The clock of every deadline: monotonic, so that a wall-clock change never fires or delays a timeout.
-using clock = std::chrono::steady_clock;
-/// The moment a blocking wait gives up with timeout_error.
-using deadline = clock::time_point;
-
-/// A deadline `d` from now.
-inline deadline deadline_after(clock::duration d) { return clock::now() + d; }
 
 /// Message tags. Transports narrow the range (MPI_TAG_UB); see transport::max_tag().
 using tag_t = std::uint64_t;
@@ -86,9 +82,9 @@ class request_state {
 
 }  // namespace detail
 
-/// Handle of a non-blocking send or receive. Move-only. Destroying an incomplete request cancels it
-/// where the library allows (receives); an abandoned send may still complete later, so its buffer
-/// must outlive the transport in that case — complete your requests.
+/// Handle of a non-blocking send or receive. Move-only. Destroying an incomplete request settles it
+/// (the contract above): once the destructor returns, the transfer no longer uses the buffer unless
+/// it outlasted the timeout (a peer that never came), in which case the library still may.
 class request {
  public:
   request() = default;  ///< An empty request: already complete, bytes() == 0.
@@ -145,7 +141,8 @@ void wait_all(std::span<request> requests, deadline until);
 
 class transport;
 namespace detail {
-void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::span<std::byte> all, deadline until);
+void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::span<std::byte> all, deadline until,
+                         std::string_view what);
 }
 
 /// The point-to-point interface. Implementations: make_mpi_transport, make_ucx_transport,
@@ -169,11 +166,13 @@ class transport {
   /// Starts sending `data` to `peer` under `tag`.
   /// @pre 0 <= tag < max_tag(); 0 <= peer < size() (checked: usage_error, or the library's own error).
   [[nodiscard]] request isend(int peer, tag_t tag, std::span<const std::byte> data) {
+    check_open("isend");
     check_tag("isend", tag);
     return do_isend(peer, tag, data);
   }
   /// Starts receiving a message from `peer` with `tag` into `data` (which may be larger than it).
   [[nodiscard]] request irecv(int peer, tag_t tag, std::span<std::byte> data) {
+    check_open("irecv");
     check_tag("irecv", tag);
     return do_irecv(peer, tag, data);
   }
@@ -182,6 +181,17 @@ class transport {
   /// `color`, ordered by (key, rank); nullptr for ranks that passed a negative color.
   /// Messages on the new transport never match messages on this one.
   [[nodiscard]] virtual std::unique_ptr<transport> split(int color, int key) = 0;
+
+  /// Shuts the transport down for good while MPI still works: MPI_Finalize does this through the
+  /// communicator (core/mpi_finalize.hpp) to the transports still alive then. Afterwards isend, irecv
+  /// and split throw usage_error; requests already made keep what they hold.
+  void close() noexcept {
+    if (closed_) return;
+    closed_ = true;
+    do_close();
+  }
+  /// True once close() ran.
+  [[nodiscard]] bool closed() const noexcept { return closed_; }
 
   /// Sends `data` to `peer` under `tag` and waits for completion (isend + wait).
   /// @throws timeout_error at `until`.
@@ -205,16 +215,33 @@ class transport {
 
   /// Throws usage_error unless 0 <= peer < size().
   void check_peer(std::string_view op, int peer) const;
+  /// Throws usage_error once the transport is closed (split calls it; isend and irecv do already).
+  void check_open(std::string_view op) const {
+    if (closed_) throw_closed(op);
+  }
+  /// What close() releases; nothing by default.
+  virtual void do_close() noexcept {}
 
  private:
   void check_tag(std::string_view op, tag_t tag) const;
-  friend void detail::bootstrap_allgather(transport&, std::span<const std::byte>, std::span<std::byte>, deadline);
+  [[noreturn]] void throw_closed(std::string_view op) const;
+  bool closed_ = false;
+  friend void detail::bootstrap_allgather(transport&, std::span<const std::byte>, std::span<std::byte>, deadline,
+                                          std::string_view);
 };
 
 namespace detail {
 /// Every rank sends `mine` (same size on all ranks) to every other; `all` receives size() blocks in
 /// rank order. Uses the reserved tag; for bootstrapping (split, topology) before collectives exist.
-void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::span<std::byte> all, deadline until);
+/// Costs p - 1 messages each way per rank. @throws timeout_error at `until`, naming `what` and every
+/// rank whose block did not arrive.
+void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::span<std::byte> all, deadline until,
+                         std::string_view what = "bootstrap exchange");
+
+/// Returns once every rank of `t` has called it (an exchange of empty messages: bootstrap_allgather).
+/// Transports call it before a blocking MPI call that every rank must enter (MPI_Comm_split has no
+/// non-blocking form), so that a rank that never comes is a timeout_error naming it, not a hang.
+void bootstrap_barrier(transport& t, std::string_view what, deadline until);
 }  // namespace detail
 
 }  // namespace flexpar

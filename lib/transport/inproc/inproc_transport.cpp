@@ -163,6 +163,7 @@ class inproc_transport final : public transport {
   [[nodiscard]] tag_t max_tag() const noexcept override { return ~tag_t{0}; }
 
   [[nodiscard]] std::unique_ptr<transport> split(int color, int key) override {
+    check_open("split");
     // Everyone learns everyone's (color, key); the members of each color agree on their order and
     // meet in the parent's registry under this split's sequence number.
     const int mine[2] = {color, key};
@@ -224,29 +225,6 @@ std::unique_ptr<transport> inproc_world::make_transport(int rank) {
     throw usage_error("inproc_world::make_transport: rank " + std::to_string(rank) + " outside a world of " +
                       std::to_string(size()));
   return std::make_unique<inproc_transport>(state_, rank);
-}
-
-void run_in_process(int size, const std::function<void(communicator&)>& body, config cfg, int ranks_per_node) {
-  inproc_world world(size);
-  cfg.transport = transport_kind::inproc;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        communicator comm(world.make_transport(r),
-                          node_topology::blocks(size, ranks_per_node > 0 ? ranks_per_node : size, r), cfg);
-        body(comm);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  // Every message of flexpar's own errors already names the rank; rethrow the first as it is.
-  for (const auto& e : errors)
-    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace flexpar

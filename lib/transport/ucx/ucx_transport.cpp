@@ -1,5 +1,6 @@
-// lib/transport/ucx/ucx_transport.cpp — the UCX transport: ucp tag send/receive on one worker per transport, worker
-// addresses exchanged over a flexpar-owned MPI duplicate.
+// lib/transport/ucx/ucx_transport.cpp — the UCX transport: ucp tag send/receive on one worker per
+// transport, worker addresses exchanged over a flexpar-owned MPI duplicate (point to point, with the
+// configured deadline).
 //
 // ucp tags carry the sender's rank in the upper 32 bits and flexpar's tag in the lower 32, and every
 // receive matches all 64 bits, so a receive takes exactly one (peer, tag) stream in send order.
@@ -13,9 +14,9 @@
 //
 // Waits poll the worker for config::spin (latency), then arm the worker and sleep in poll() on
 // its event file descriptor (UCP_FEATURE_WAKEUP) so that an idle rank leaves its core to others.
-#include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/check_mpi.hpp>
 #include <flexpar/core/check_ucx.hpp>
+#include <flexpar/core/mpi_comm.hpp>
 #include <flexpar/transport/ucx.hpp>
 
 #include <poll.h>
@@ -90,6 +91,13 @@ class ucx_shared {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] ucp_worker_h worker() const noexcept { return worker_; }
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// The deadline of an abandoned request: one timeout after the first abandon of a series, so that
+  /// the requests a failing collective leaves behind share one deadline.
+  deadline settle_deadline() noexcept {
+    const clock::time_point now = clock::now();
+    if (settle_until_ <= now) settle_until_ = now + timeout_;
+    return settle_until_;
+  }
   [[nodiscard]] peer_slot& slot(int peer) { return slots_[static_cast<std::size_t>(peer)]; }
 
   /// Endpoints to every peer but ourselves. `same_node[p]` says whether peer p shares our node.
@@ -256,6 +264,7 @@ class ucx_shared {
   int rank_;
   std::chrono::microseconds spin_;
   std::chrono::milliseconds timeout_;
+  deadline settle_until_{};
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
@@ -287,15 +296,14 @@ class ucx_request final : public detail::request_state {
 
   void abandon() noexcept override {
     if (!handle_) return;
-    if (info_.direction == message_direction::recv) {
-      // Cancel, then progress until UCX lets go of the buffer (a receive already matched to a
-      // message finishes instead). Bounded: past the timeout the request is released regardless.
-      ucp_request_cancel(shared_->worker(), handle_);
-      const deadline until = deadline_after(shared_->timeout());
-      while (ucp_request_check_status(handle_) == UCS_INPROGRESS && clock::now() < until)
-        ucp_worker_progress(shared_->worker());
-    }
-    // A send may still complete later; UCX releases the request then.
+    // A receive is cancelled (one already matched to a message finishes instead); a send cannot be
+    // (ucp_request_cancel takes receives only), and its peer may be reading the buffer right now.
+    // Either way: progress until UCX lets go of the buffer, up to the deadline; past it the request
+    // is released to UCX, which frees it when it ends.
+    if (info_.direction == message_direction::recv) ucp_request_cancel(shared_->worker(), handle_);
+    const deadline until = shared_->settle_deadline();
+    while (ucp_request_check_status(handle_) == UCS_INPROGRESS && clock::now() < until)
+      ucp_worker_progress(shared_->worker());
     ucp_request_free(handle_);
     handle_ = nullptr;
   }
@@ -406,12 +414,18 @@ class ucx_transport final : public transport {
   [[nodiscard]] tag_t max_tag() const noexcept override { return (tag_t{1} << tag_bits) - 1; }
 
   [[nodiscard]] std::unique_ptr<transport> split(int color, int key) override {
+    check_open("split");
+    // MPI_Comm_split blocks until every rank is in it: first make sure they all are (over UCX).
+    detail::bootstrap_barrier(*this, "split", deadline_after(config_.timeout));
     detail::owned_mpi_comm sub = detail::split_for_flexpar(comm_.get(), color, key);
     if (sub.get() == MPI_COMM_NULL) return nullptr;
     return std::make_unique<ucx_transport>(std::move(sub), config_);
   }
 
  protected:
+  /// At MPI_Finalize (through the communicator): the orderly teardown while MPI still works.
+  void do_close() noexcept override { teardown(); }
+
   request do_isend(int peer, tag_t tag, std::span<const std::byte> data) override {
     check_peer("isend", peer);
     const detail::request_info info = describe_op(message_direction::send, peer, tag, data.size());
@@ -462,7 +476,8 @@ class ucx_transport final : public transport {
            std::to_string(info.size) + " bytes)";
   }
 
-  /// Every rank's worker address, by rank (collective over comm_).
+  /// Every rank's worker address, by rank (collective over comm_, with the configured deadline: a
+  /// rank whose UCX failed to open is named, not waited for).
   std::vector<std::vector<std::byte>> exchange_addresses() {
     ucp_worker_attr_t attr{};
     attr.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
@@ -470,31 +485,8 @@ class ucx_transport final : public transport {
     std::vector<std::byte> mine(reinterpret_cast<const std::byte*>(attr.address),
                                 reinterpret_cast<const std::byte*>(attr.address) + attr.address_length);
     ucp_worker_release_address(shared_->worker(), attr.address);
-    if (mine.size() > static_cast<std::size_t>(INT_MAX))
-      throw transport_error("UCX", 0,
-                            "[rank " + std::to_string(rank_) + "] ucx: the worker address of " +
-                                std::to_string(mine.size()) + " bytes is too long to exchange over MPI");
-
-    const int my_length = static_cast<int>(mine.size());
-    std::vector<int> lengths(static_cast<std::size_t>(size_));
-    FLEXPAR_CHECK_MPI(MPI_Allgather(&my_length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_.get()));
-    std::vector<int> offsets(static_cast<std::size_t>(size_));
-    long long total = 0;
-    for (std::size_t p = 0; p < lengths.size(); ++p) {
-      if (total > INT_MAX)
-        throw transport_error(
-            "UCX", 0,
-            "[rank " + std::to_string(rank_) + "] ucx: the worker addresses are too long to exchange over MPI");
-      offsets[p] = static_cast<int>(total);
-      total += lengths[p];
-    }
-    std::vector<std::byte> all(static_cast<std::size_t>(total));
-    FLEXPAR_CHECK_MPI(MPI_Allgatherv(mine.data(), my_length, MPI_BYTE, all.data(), lengths.data(), offsets.data(),
-                                     MPI_BYTE, comm_.get()));
-    std::vector<std::vector<std::byte>> addresses(static_cast<std::size_t>(size_));
-    for (std::size_t p = 0; p < addresses.size(); ++p)
-      addresses[p].assign(all.begin() + offsets[p], all.begin() + offsets[p] + lengths[p]);
-    return addresses;
+    return detail::exchange_for_flexpar(comm_.get(), mine, deadline_after(config_.timeout),
+                                        "ucx: the worker address exchange");
   }
 
   /// Which ranks of comm_ share our node (MPI_Comm_split_type SHARED). Collective over comm_.
@@ -547,6 +539,7 @@ class ucx_transport final : public transport {
   /// flush still needs it. Each step is bounded by the configured timeout; past it (a peer died or
   /// never came) the endpoints are forced closed instead.
   void teardown() noexcept {
+    if (std::exchange(torn_down_, true)) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     const deadline until = deadline_after(config_.timeout);
@@ -563,6 +556,7 @@ class ucx_transport final : public transport {
   int rank_ = 0;
   int size_ = 0;
   std::shared_ptr<ucx_shared> shared_;
+  bool torn_down_ = false;
 };
 
 }  // namespace
@@ -570,7 +564,8 @@ class ucx_transport final : public transport {
 bool ucx_available() noexcept { return true; }
 
 std::unique_ptr<transport> make_ucx_transport(MPI_Comm comm, const config& cfg) {
-  return std::make_unique<ucx_transport>(detail::duplicate_for_flexpar(comm), cfg);
+  return std::make_unique<ucx_transport>(
+      detail::duplicate_for_flexpar(comm, deadline_after(cfg.timeout), "make_ucx_transport"), cfg);
 }
 
 }  // namespace flexpar

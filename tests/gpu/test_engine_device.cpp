@@ -1,0 +1,225 @@
+// The engine with device tensors on a GPU (flexpar/cuda/engine.hpp): thread ranks on one GPU (the ipc
+// path), then processes under mpiexec (test_engine_device_mpi). Many small device gradients submitted
+// in a different order on every rank, fused, reduced and unpacked on the device, mixed with host
+// tensors in the same engine; the results read back on the caller's stream after order_after(), with
+// no host wait in between; every result against the serial sum; the timeline names the device path.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include <flexpar/cuda/engine.hpp>
+#include <flexpar/engine/gradient_sync.hpp>
+#include <flexpar/comm/run_in_process.hpp>
+
+#include "gpu/device_io.hpp"
+
+namespace fc = flexpar::cuda;
+using flexpar::reduce_op;
+using flexpar::testing_support::download;
+
+namespace {
+
+flexpar::config engine_config() {
+  flexpar::config c;
+  c.timeout = std::chrono::seconds(60);
+  c.cycle_time = std::chrono::microseconds(500);
+  c.fusion_threshold = std::size_t{4} << 20;
+  return c;
+}
+
+float value(int rank, int tensor, std::size_t i) {
+  return static_cast<float>(
+      static_cast<int>((i + static_cast<std::size_t>(tensor) * 3 + static_cast<std::size_t>(rank) * 5) % 9) - 4);
+}
+
+/// Every rank submits `n` device allreduces (sizes from one shared seed) and as many host ones, in its
+/// own order, then checks every result.
+void fused_gradients(flexpar::communicator& comm, int gpu_index, fc::device_options options, int n) {
+  const int p = comm.size(), me = comm.rank();
+  fc::device_communicator gpu(comm, gpu_index, options);
+  fc::engine_backend backend(gpu);
+  flexpar::engine eng(comm, engine_config(), {}, &backend);
+  fc::stream s;
+  std::mt19937 shared(42);
+  std::vector<std::size_t> sizes(static_cast<std::size_t>(n));
+  for (auto& c : sizes) c = std::uniform_int_distribution<std::size_t>(1, 4096)(shared);
+  std::vector<fc::device_buffer<float>> device(static_cast<std::size_t>(n));
+  std::vector<std::vector<float>> host(static_cast<std::size_t>(n));
+  for (int t = 0; t < n; ++t) {
+    const auto k = static_cast<std::size_t>(t);
+    std::vector<float> mine(sizes[k]);
+    for (std::size_t i = 0; i < sizes[k]; ++i) mine[i] = value(me, t, i);
+    device[k] = fc::device_buffer<float>(sizes[k]);
+    fc::copy_async(device[k].span(), std::span<const float>(mine), s);  // no host wait: the marker orders
+    host[k] = mine;
+  }
+  std::vector<int> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937 rng(7u + static_cast<unsigned>(me));
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<flexpar::handle> dh(static_cast<std::size_t>(n)), hh(static_cast<std::size_t>(n));
+  for (int t : order) {
+    const auto k = static_cast<std::size_t>(t);
+    std::string name = std::to_string(t);  // "g<t>" / "h<t>", built without "g" + (GCC 12's -Wrestrict)
+    dh[k] = fc::allreduce_async(eng, std::string(name).insert(0, 1, 'g'), device[k].span(), reduce_op::sum, s);
+    hh[k] = eng.allreduce_async(name.insert(0, 1, 'h'), std::span(host[k]), reduce_op::sum);
+  }
+  for (int t = 0; t < n; ++t) fc::order_after(dh[static_cast<std::size_t>(t)], s);
+  for (int t = 0; t < n; ++t) {
+    const auto k = static_cast<std::size_t>(t);
+    const auto got = download(fc::device_span<const float>(device[k].span()), s);
+    hh[k].wait();
+    for (std::size_t i = 0; i < sizes[k]; ++i) {
+      float want = 0;
+      for (int r = 0; r < p; ++r) want += value(r, t, i);
+      ASSERT_EQ(got[i], want) << "device tensor " << t << " element " << i;
+      ASSERT_EQ(host[k][i], want) << "host tensor " << t << " element " << i;
+    }
+    dh[k].wait();  // completes once the GPU is done
+    EXPECT_EQ(dh[k].memory(), flexpar::memory_kind::cuda);
+  }
+  if (p > 1) {
+    EXPECT_GT(eng.stats().fused_collectives, 0u);
+  }
+}
+
+}  // namespace
+
+bool under_mpiexec() { return std::getenv("PMI_RANK") != nullptr || std::getenv("PMI_FD") != nullptr; }
+
+TEST(EngineDevice, FusedDeviceGradientsBesideHostTensorsOnThreadRanks) {
+  if (under_mpiexec()) GTEST_SKIP() << "the thread-rank form runs without mpiexec";
+  for (int world : {1, 2, 3}) {
+    flexpar::run_in_process(
+        world,
+        [&](flexpar::communicator& comm) {
+          fc::device_options o;
+          o.use_nccl = world == 1;  // one GPU: NCCL holds one rank
+          fused_gradients(comm, 0, o, 200);
+        },
+        engine_config());
+  }
+}
+
+TEST(EngineDevice, TheTimelineNamesTheDevicePath) {
+  if (under_mpiexec()) GTEST_SKIP() << "the thread-rank form runs without mpiexec";
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / "flexpar_engine_device_timeline.json";
+  std::filesystem::remove(file);
+  flexpar::run_in_process(
+      2,
+      [&](flexpar::communicator& comm) {
+        flexpar::config c = engine_config();
+        c.timeline_path = file.string();
+        fc::device_options o;
+        o.use_nccl = false;
+        fc::device_communicator gpu(comm, 0, o);
+        fc::engine_backend backend(gpu);
+        fc::stream s;
+        fc::device_buffer<float> a(1000), b(3000);
+        {
+          flexpar::engine eng(comm, c, {}, &backend);
+          auto ha = fc::allreduce_async(eng, "a", a.span(), reduce_op::sum, s);
+          auto hb = fc::allreduce_async(eng, "b", b.span(), reduce_op::sum, s);
+          ha.wait();
+          hb.wait();
+        }
+      },
+      engine_config());
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  // the path by cost: ipc or staged for two thread ranks sharing the GPU
+  EXPECT_TRUE(text.str().find("\"cuda ipc\"") != std::string::npos ||
+              text.str().find("\"cuda staged\"") != std::string::npos)
+      << text.str().substr(0, 2000);
+  EXPECT_NE(text.str().find("ALLREDUCE"), std::string::npos);
+}
+
+// Under mpiexec: processes that share a GPU (ipc path) or hold one each (NCCL).
+TEST(EngineDevice, FusedDeviceGradientsAcrossProcesses) {
+  if (!under_mpiexec()) GTEST_SKIP() << "runs under mpiexec (test_engine_device_mpi)";
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  ASSERT_EQ(provided, MPI_THREAD_MULTIPLE);
+  flexpar::communicator comm =
+      flexpar::communicator::from_mpi(MPI_COMM_WORLD, engine_config(), flexpar::thread_need::multiple);
+  const int devices = fc::device_count();
+  fc::device_options o;
+  o.use_nccl = devices >= comm.topology().local_size();
+  const int device = comm.topology().local_rank() % devices;
+  const fc::device_guard on(device);
+  fused_gradients(comm, device, o, 300);
+}
+
+// gradient_sync of device parameters on thread ranks: the gradients written on the caller's stream,
+// marked ready on it, synchronized on it (no host wait), then read back on it; average over two
+// passes, without and with fp16 / bf16 on the wire; against the serial sum within the wire's rounding.
+TEST(EngineDevice, GradientSyncOfDeviceParameters) {
+  if (under_mpiexec()) GTEST_SKIP() << "the thread-rank form runs without mpiexec";
+  for (auto compression :
+       {flexpar::wire_compression::none, flexpar::wire_compression::fp16, flexpar::wire_compression::bf16}) {
+    for (int world : {2, 3}) {
+      flexpar::run_in_process(
+          world,
+          [&](flexpar::communicator& comm) {
+            const int p = comm.size(), me = comm.rank();
+            fc::device_options o;
+            o.use_nccl = false;
+            fc::device_communicator gpu(comm, 0, o);
+            fc::engine_backend backend(gpu);
+            flexpar::engine eng(comm, engine_config(), {}, &backend);
+            flexpar::gradient_sync sync(eng, {.reduction = flexpar::gradient_reduction::average,
+                                              .compression = compression,
+                                              .backward_passes_per_step = 2});
+            fc::stream s;
+            const std::vector<std::size_t> sizes{7, 100000, 1};
+            std::vector<fc::device_buffer<float>> weight, grad;
+            for (std::size_t k = 0; k < sizes.size(); ++k) {
+              weight.emplace_back(sizes[k]);
+              grad.emplace_back(sizes[k]);
+              fc::copy_async(weight[k].span(), std::span<const float>(std::vector<float>(sizes[k], float(me))), s);
+              fc::synchronize(s, std::chrono::seconds(60), "init");
+              std::string name = std::to_string(k);
+              fc::register_parameter(sync, name.insert(0, 1, 'w'), weight[k].span(), grad[k].span());
+            }
+            sync.broadcast_parameters(0, s);
+            EXPECT_EQ(download(fc::device_span<const float>(weight[1].span()), s), std::vector<float>(sizes[1], 0.0f));
+            auto value = [](int rank, std::size_t i) {
+              return 1.0f / 3.0f + static_cast<float>(rank + 1) / 7.0f + static_cast<float>(i % 5) * 0.01f;
+            };
+            for (int pass = 0; pass < 2; ++pass) {
+              for (std::size_t k = 0; k < sizes.size(); ++k) {
+                std::vector<float> g(sizes[k]);
+                for (std::size_t i = 0; i < sizes[k]; ++i) g[i] = value(me, i) * static_cast<float>(pass + 1);
+                fc::copy_async(grad[k].span(), std::span<const float>(g), s);  // the "backward pass"
+                if (pass == 1 && k == 1) {
+                  std::string name = std::to_string(k);
+                  fc::on_gradient_ready(sync, name.insert(0, 1, 'w'), s);
+                }
+              }
+              const bool step = fc::synchronize(sync, s);
+              EXPECT_EQ(step, pass == 1);
+            }
+            const double tolerance = compression == flexpar::wire_compression::none   ? 1e-6
+                                     : compression == flexpar::wire_compression::fp16 ? 4e-3
+                                                                                      : 3e-2;
+            for (std::size_t k = 0; k < sizes.size(); ++k) {
+              const auto got = download(fc::device_span<const float>(grad[k].span()), s);
+              for (std::size_t i = 0; i < sizes[k]; ++i) {
+                double want = 0;
+                for (int r = 0; r < p; ++r) want += 2.0 * value(r, i);  // the second pass wrote 2 x value
+                want /= 2.0 * p;
+                ASSERT_NEAR(got[i], want, tolerance * want) << "parameter " << k << " element " << i;
+              }
+            }
+          },
+          engine_config());
+    }
+  }
+}
