@@ -91,6 +91,23 @@ void fused_gradients(flexpar::communicator& comm, int gpu_index, fc::device_opti
 
 }  // namespace
 
+/// A gradient_sync of device parameters on thread ranks sharing GPU 0 (the ipc path, no NCCL).
+struct device_sync {
+  device_sync(flexpar::communicator& comm, flexpar::gradient_sync_options options)
+      : gpu(comm, 0, [] {
+          fc::device_options o;
+          o.use_nccl = false;
+          return o;
+        }()),
+        backend(gpu),
+        eng(comm, engine_config(), {}, &backend),
+        sync(eng, options) {}
+  fc::device_communicator gpu;
+  fc::engine_backend backend;
+  flexpar::engine eng;
+  flexpar::gradient_sync sync;
+};
+
 bool under_mpiexec() { return std::getenv("PMI_RANK") != nullptr || std::getenv("PMI_FD") != nullptr; }
 
 TEST(EngineDevice, FusedDeviceGradientsBesideHostTensorsOnThreadRanks) {
@@ -169,14 +186,10 @@ TEST(EngineDevice, GradientSyncOfDeviceParameters) {
           world,
           [&](flexpar::communicator& comm) {
             const int p = comm.size(), me = comm.rank();
-            fc::device_options o;
-            o.use_nccl = false;
-            fc::device_communicator gpu(comm, 0, o);
-            fc::engine_backend backend(gpu);
-            flexpar::engine eng(comm, engine_config(), {}, &backend);
-            flexpar::gradient_sync sync(eng, {.reduction = flexpar::gradient_reduction::average,
-                                              .compression = compression,
-                                              .backward_passes_per_step = 2});
+            device_sync rig(comm, {.reduction = flexpar::gradient_reduction::average,
+                                   .compression = compression,
+                                   .backward_passes_per_step = 2});
+            flexpar::gradient_sync& sync = rig.sync;
             fc::stream s;
             const std::vector<std::size_t> sizes{7, 100000, 1};
             std::vector<fc::device_buffer<float>> weight, grad;
@@ -239,13 +252,8 @@ TEST(EngineDevice, GradientSyncStepAfterStepReadsThisStepsAverage) {
           world,
           [&](flexpar::communicator& comm) {
             const int p = comm.size(), me = comm.rank();
-            fc::device_options o;
-            o.use_nccl = false;
-            fc::device_communicator gpu(comm, 0, o);
-            fc::engine_backend backend(gpu);
-            flexpar::engine eng(comm, engine_config(), {}, &backend);
-            flexpar::gradient_sync sync(eng, {.reduction = flexpar::gradient_reduction::average,
-                                              .compression = compression});
+            device_sync rig(comm, {.reduction = flexpar::gradient_reduction::average, .compression = compression});
+            flexpar::gradient_sync& sync = rig.sync;
             fc::stream s;
             constexpr std::size_t parameters = 4, count = 512;  // 2 KiB each (1 KiB on a 16-bit wire)
             std::vector<fc::device_buffer<float>> weight, grad;
