@@ -1,7 +1,10 @@
 // lib/cuda/engine_backend.cpp — flexpar/cuda/engine.hpp: the engine's device backend.
 #include <flexpar/cuda/engine.hpp>
 
+#include <cuda.h>  // CUdeviceptr, CUresult: the types of cuMemGetAddressRange, reached through the runtime
+
 #include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -52,10 +55,27 @@ struct engine_backend::state {
   }
   std::uint64_t sequence = 0;  // markers made so far (capture and run)
   std::mutex capture_mutex;    // capture() comes from the submitting threads
-  // the last marker each caller's stream was ordered after (order_after of the handles of one fused
-  // run share their marker: one stream wait serves them all)
-  std::vector<std::pair<cudaStream_t, marker*>> ordered;
+  // the last marker each caller's stream was ordered after, by its sequence number (order_after of
+  // the handles of one fused run share their marker: one stream wait serves them all). Not by its
+  // address: a marker freed after one step and a new one allocated at the same address in the next
+  // would skip that step's wait.
+  std::vector<std::pair<cudaStream_t, std::uint64_t>> ordered;
   std::mutex ordered_mutex;
+
+  // cuMemGetAddressRange (the driver's, through the runtime's entry point: no link to libcuda): the
+  // allocation a pointer lies in. Null when the driver does not give it.
+  using address_range_fn = CUresult (*)(CUdeviceptr* base, std::size_t* size, CUdeviceptr pointer);
+  address_range_fn address_range = nullptr;
+
+  /// Whether [begin, begin + bytes) lies in one allocation: one copy may not span two (cudaMemcpy
+  /// refuses it), even when the allocator put them back to back. False when it cannot tell.
+  bool one_allocation(const std::byte* begin, std::size_t bytes) const {
+    if (address_range == nullptr) return false;
+    CUdeviceptr base = 0;
+    std::size_t size = 0;
+    if (address_range(&base, &size, reinterpret_cast<CUdeviceptr>(begin)) != CUDA_SUCCESS) return false;
+    return reinterpret_cast<std::uintptr_t>(begin) + bytes <= static_cast<std::uintptr_t>(base) + size;
+  }
 
   /// My stream waits for every item's producer: for each producing stream only for its latest
   /// position among the items (a stream runs in order), so a fused run of many gradients of one
@@ -83,6 +103,13 @@ engine_backend::engine_backend(device_communicator& gpu) {
   const device_guard on(gpu.device());
   s_ = std::make_unique<state>();
   s_->gpu = &gpu;
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found) == cudaSuccess &&
+      found == cudaDriverEntryPointSuccess)
+    s_->address_range = reinterpret_cast<state::address_range_fn>(fn);
+  else
+    (void)cudaGetLastError();  // without it, tensors are fused through the fusion buffer
 }
 
 engine_backend::~engine_backend() {
@@ -125,10 +152,12 @@ device_marker engine_backend::run(collective_kind kind, dtype type, reduce_op op
   for (const device_item& item : items) total += item.count;
   // Tensors that lie back to back in one buffer, each in place (a flat gradient buffer cut into
   // parameters): reduced where they lie, as one tensor, without the copies through the fusion buffer.
+  // Back to back in one allocation only: separate allocations may be adjacent too.
   bool contiguous = kind == collective_kind::allreduce && items.size() > 1;
   for (std::size_t k = 0; contiguous && k < items.size(); ++k)
     contiguous = items[k].in && items[k].in == items[k].out &&
                  (k == 0 || items[k].in == items[k - 1].in + items[k - 1].count * e);
+  contiguous = contiguous && s.one_allocation(items[0].in, total * e);
   std::byte* fused = kind == collective_kind::allreduce && items.size() > 1 && !contiguous
                          ? s.grown(s.fusion, total * e)
                          : nullptr;  // allocated before the timing starts
@@ -295,11 +324,11 @@ void engine_backend::order_after(const device_marker& m, void* stream) {
   {
     std::lock_guard lock(s_->ordered_mutex);
     auto it = std::find_if(s_->ordered.begin(), s_->ordered.end(), [&](const auto& o) { return o.first == caller; });
-    if (it != s_->ordered.end() && it->second == &k) return;  // this stream already waits for it
+    if (it != s_->ordered.end() && it->second == k.sequence) return;  // this stream already waits for it
     if (it == s_->ordered.end())
-      s_->ordered.emplace_back(caller, &k);
+      s_->ordered.emplace_back(caller, k.sequence);
     else
-      it->second = &k;
+      it->second = k.sequence;
   }
   stream_wait(caller, k.end);
 }

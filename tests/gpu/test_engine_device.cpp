@@ -91,6 +91,23 @@ void fused_gradients(flexpar::communicator& comm, int gpu_index, fc::device_opti
 
 }  // namespace
 
+/// A gradient_sync of device parameters on thread ranks sharing GPU 0 (the ipc path, no NCCL).
+struct device_sync {
+  device_sync(flexpar::communicator& comm, flexpar::gradient_sync_options options)
+      : gpu(comm, 0, [] {
+          fc::device_options o;
+          o.use_nccl = false;
+          return o;
+        }()),
+        backend(gpu),
+        eng(comm, engine_config(), {}, &backend),
+        sync(eng, options) {}
+  fc::device_communicator gpu;
+  fc::engine_backend backend;
+  flexpar::engine eng;
+  flexpar::gradient_sync sync;
+};
+
 bool under_mpiexec() { return std::getenv("PMI_RANK") != nullptr || std::getenv("PMI_FD") != nullptr; }
 
 TEST(EngineDevice, FusedDeviceGradientsBesideHostTensorsOnThreadRanks) {
@@ -169,14 +186,10 @@ TEST(EngineDevice, GradientSyncOfDeviceParameters) {
           world,
           [&](flexpar::communicator& comm) {
             const int p = comm.size(), me = comm.rank();
-            fc::device_options o;
-            o.use_nccl = false;
-            fc::device_communicator gpu(comm, 0, o);
-            fc::engine_backend backend(gpu);
-            flexpar::engine eng(comm, engine_config(), {}, &backend);
-            flexpar::gradient_sync sync(eng, {.reduction = flexpar::gradient_reduction::average,
-                                              .compression = compression,
-                                              .backward_passes_per_step = 2});
+            device_sync rig(comm, {.reduction = flexpar::gradient_reduction::average,
+                                   .compression = compression,
+                                   .backward_passes_per_step = 2});
+            flexpar::gradient_sync& sync = rig.sync;
             fc::stream s;
             const std::vector<std::size_t> sizes{7, 100000, 1};
             std::vector<fc::device_buffer<float>> weight, grad;
@@ -216,6 +229,59 @@ TEST(EngineDevice, GradientSyncOfDeviceParameters) {
                 for (int r = 0; r < p; ++r) want += 2.0 * value(r, i);  // the second pass wrote 2 x value
                 want /= 2.0 * p;
                 ASSERT_NEAR(got[i], want, tolerance * want) << "parameter " << k << " element " << i;
+              }
+            }
+          },
+          engine_config());
+    }
+  }
+}
+
+// Step after step, as a training loop runs it: every parameter in an allocation of its own (sizes of
+// whole 512-byte granules, so that the allocator puts them back to back), its gradient written on the
+// caller's stream and marked ready there, synchronize(stream), then the result read on the same
+// stream right away. Integer-valued gradients whose sums every wire format holds. Catches a
+// reduction that spans two allocations (one copy over both is invalid) and a stream that is not made
+// to wait for this step's reduction (it would read the previous step's or a half-reduced gradient:
+// off by (p + 1) or more, where the scaling by 1/p rounds by a few units in the last place).
+TEST(EngineDevice, GradientSyncStepAfterStepReadsThisStepsAverage) {
+  if (under_mpiexec()) GTEST_SKIP() << "the thread-rank form runs without mpiexec";
+  for (auto compression : {flexpar::wire_compression::none, flexpar::wire_compression::bf16}) {
+    for (int world : {2, 3}) {
+      flexpar::run_in_process(
+          world,
+          [&](flexpar::communicator& comm) {
+            const int p = comm.size(), me = comm.rank();
+            device_sync rig(comm, {.reduction = flexpar::gradient_reduction::average, .compression = compression});
+            flexpar::gradient_sync& sync = rig.sync;
+            fc::stream s;
+            constexpr std::size_t parameters = 4, count = 512;  // 2 KiB each (1 KiB on a 16-bit wire)
+            std::vector<fc::device_buffer<float>> weight, grad;
+            for (std::size_t k = 0; k < parameters; ++k) {
+              weight.emplace_back(count);
+              grad.emplace_back(count);
+              std::string name = std::to_string(k);
+              fc::register_parameter(sync, name.insert(0, 1, 'w'), weight[k].span(), grad[k].span());
+            }
+            std::vector<float> g(count);
+            for (int step = 0; step < 40; ++step) {
+              const float base = static_cast<float>(step % 8 + 1);
+              for (std::size_t k = parameters; k-- > 0;) {  // last layer first, as a backward pass
+                for (std::size_t i = 0; i < count; ++i)
+                  g[i] = base * static_cast<float>((me + 1) * 2) + static_cast<float>((i + k) % 4);
+                fc::copy_async(grad[k].span(), std::span<const float>(g), s);
+                std::string name = std::to_string(k);
+                fc::on_gradient_ready(sync, name.insert(0, 1, 'w'), s);
+              }
+              ASSERT_TRUE(fc::synchronize(sync, s));
+              for (std::size_t k = 0; k < parameters; ++k) {
+                const auto got = download(fc::device_span<const float>(grad[k].span()), s);
+                for (std::size_t i = 0; i < count; ++i) {
+                  // mean over ranks of base * 2 (r + 1) + (i + k) % 4 = base (p + 1) + (i + k) % 4
+                  const float want = base * static_cast<float>(p + 1) + static_cast<float>((i + k) % 4);
+                  ASSERT_NEAR(got[i], want, 1e-5f * want)
+                      << "step " << step << ", parameter " << k << ", element " << i;
+                }
               }
             }
           },
