@@ -21,7 +21,8 @@
 #include <unordered_map>
 
 #include "collective_calls.hpp"
-#include "wire.hpp"
+#include "protocol.hpp"
+#include "response_cache.hpp"
 
 namespace flexpar {
 
@@ -37,16 +38,6 @@ std::string_view name_of(collective_kind kind) noexcept {
 }
 
 namespace detail {
-
-/// What every rank must agree on about a tensor (the count only where the collective needs it).
-struct description {
-  collective_kind kind = collective_kind::allreduce;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  std::int32_t root = -1;
-  std::uint64_t count = 0;
-  memory_kind memory = memory_kind::host;
-};
 
 /// The tensors one rank has submitted and not yet seen finish, by submission order. handle::wait
 /// rethrows a tensor's error only once every tensor submitted before that wait has finished: the
@@ -126,28 +117,6 @@ struct engine_entry {
 
 namespace {
 
-constexpr std::uint8_t flag_joined = 1, flag_shutdown = 2;
-enum class response_type : std::uint8_t { run_cached, run_full, error };
-enum class error_kind : std::uint8_t { mismatch, timeout, usage };
-
-/// A tensor as the cache remembers it: its description and every rank's count.
-struct cache_entry {
-  std::string name;
-  description desc;  // count unused: see counts
-  std::vector<std::uint64_t> counts;
-};
-
-/// One response of step 4.
-struct response {
-  response_type type = response_type::run_full;
-  std::uint32_t slot = 0;
-  std::string name;
-  description desc;
-  std::vector<std::uint64_t> counts;  // per rank
-  error_kind error = error_kind::mismatch;
-  std::string text;
-};
-
 // ---- messages: one fixed-size first part, a second message only for long ones ------------------
 
 constexpr std::size_t first_part = 4096;
@@ -176,26 +145,6 @@ std::vector<std::byte> recv_message(transport& t, int peer, tag_t tag, deadline 
   std::memcpy(payload.data(), head.data() + sizeof length, inline_part);
   if (length > inline_part) t.recv(peer, tag, std::span(payload).subspan(inline_part), until);
   return payload;
-}
-
-void put_description(wire_writer& w, const description& d) {
-  w.put(static_cast<std::uint8_t>(d.kind));
-  w.put(static_cast<std::uint8_t>(d.type));
-  w.put(static_cast<std::uint8_t>(d.op));
-  w.put(d.root);
-  w.put(d.count);
-  w.put(static_cast<std::uint8_t>(d.memory));
-}
-
-description get_description(wire_reader& r) {
-  description d;
-  d.kind = static_cast<collective_kind>(r.get<std::uint8_t>());
-  d.type = static_cast<dtype>(r.get<std::uint8_t>());
-  d.op = static_cast<reduce_op>(r.get<std::uint8_t>());
-  d.root = r.get<std::int32_t>();
-  d.count = r.get<std::uint64_t>();
-  d.memory = static_cast<memory_kind>(r.get<std::uint8_t>());
-  return d;
 }
 
 constexpr tag_t tag_report = 1, tag_response = 2, tag_timeline = 3;
@@ -423,10 +372,9 @@ class engine_core {
   bool cycle(std::vector<std::shared_ptr<engine_entry>>& fresh, bool shutting_down) {
     const clock::time_point cycle_begin = clock::now();
     // Step 1: the report.
-    wire_writer report;
-    report.put(static_cast<std::uint8_t>((joined_ ? flag_joined : 0) | (shutting_down ? flag_shutdown : 0)));
-    std::vector<std::uint32_t> slots;
-    std::vector<const engine_entry*> full;
+    report mine;
+    mine.joined = joined_;
+    mine.shutting_down = shutting_down;
     for (auto& e : fresh) {
       if (pending_.contains(e->name)) {
         finish(*e, std::make_exception_ptr(usage_error(
@@ -435,108 +383,52 @@ class engine_core {
         continue;
       }
       pending_.emplace(e->name, e);
-      if (auto slot = cached_slot(*e))
-        slots.push_back(*slot);
+      if (auto slot = cache_.slot_of(e->name, e->desc, comm_.rank()))
+        mine.slots.push_back(*slot);
       else
-        full.push_back(e.get());
-    }
-    report.put(static_cast<std::uint32_t>(slots.size()));
-    for (auto s : slots) report.put(s);
-    report.put(static_cast<std::uint32_t>(full.size()));
-    for (const engine_entry* e : full) {
-      report.put(e->name);
-      put_description(report, e->desc);
+        mine.full.push_back({e->name, e->desc});
     }
     {
       std::lock_guard lock(stats_mutex_);
       ++stats_.cycles;
-      stats_.cache_hits += slots.size();
-      stats_.full_reports += full.size();
+      stats_.cache_hits += mine.slots.size();
+      stats_.full_reports += mine.full.size();
     }
 
     // Steps 2–4 on the coordinator; the others send their report and receive the responses.
     std::vector<std::byte> responses;
     const deadline until = comm_.default_deadline();
     if (comm_.rank() == 0) {
-      std::vector<std::vector<std::byte>> reports(static_cast<std::size_t>(comm_.size()));
-      reports[0] = std::move(report.bytes());
+      std::vector<report> reports(static_cast<std::size_t>(comm_.size()));
+      reports[0] = std::move(mine);
       for (int r = 1; r < comm_.size(); ++r)
-        reports[static_cast<std::size_t>(r)] = recv_message(comm_.transport(), r, tag_report, until);
-      wire_writer out = coordinate(reports);
-      responses = std::move(out.bytes());
+        reports[static_cast<std::size_t>(r)] = decode_report(recv_message(comm_.transport(), r, tag_report, until));
+      responses = encode(coordinate(reports));
       for (int r = 1; r < comm_.size(); ++r) send_message(comm_.transport(), r, tag_response, responses, until);
     } else {
-      send_message(comm_.transport(), 0, tag_report, report.bytes(), until);
+      std::vector<std::byte> bytes = encode(mine);
+      send_message(comm_.transport(), 0, tag_report, bytes, until);
       responses = recv_message(comm_.transport(), 0, tag_response, until);
     }
     const clock::time_point responded = clock::now();
     if (timeline_ && cfg_.timeline_mark_cycles) timeline_->mark("cycles", "CYCLE", cycle_begin);
 
     // Steps 5 and 6.
-    wire_reader in(responses);
-    const auto flags = in.get<std::uint8_t>();
-    const auto last_joined = in.get<std::int32_t>();
-    const auto n = in.get<std::uint32_t>();
-    std::vector<response> list(n);
-    for (auto& r : list) {
-      r.type = static_cast<response_type>(in.get<std::uint8_t>());
-      if (r.type == response_type::run_cached) {
-        r.slot = in.get<std::uint32_t>();
-        if (r.slot >= cache_.size())
-          throw error("engine protocol error: cache slot " + std::to_string(r.slot) + " unknown");
-        const cache_entry& c = cache_[r.slot];
-        r.name = c.name;
-        r.desc = c.desc;
-        r.counts = c.counts;
-      } else if (r.type == response_type::run_full) {
-        r.name = in.get_string();
-        r.desc = get_description(in);
-        r.counts.resize(static_cast<std::size_t>(comm_.size()));
-        for (auto& c : r.counts) c = in.get<std::uint64_t>();
-      } else {
-        r.name = in.get_string();
-        r.error = static_cast<error_kind>(in.get<std::uint8_t>());
-        r.text = in.get_string();
-      }
-    }
-    in.expect_end();
-    execute(list, responded);
-    for (const auto& r : list)
-      if (r.type == response_type::run_full) remember(r);
-    if (flags & flag_joined) {
+    response_list list = decode_response_list(responses, cache_, comm_.size());
+    execute(list.responses, responded);
+    for (const auto& r : list.responses)
+      if (r.type == response_type::run_full) cache_.remember(r);
+    if (list.all_joined) {
       joined_ = false;
       {
         std::lock_guard lock(mutex_);
         join_requested_ = false;
         join_done_ = true;
-        last_joined_ = last_joined;
+        last_joined_ = list.last_joined;
       }
       join_cv_.notify_all();
     }
-    return (flags & flag_shutdown) != 0;
-  }
-
-  // ---- the response cache (identical on every rank: step 6) ----------------------------------
-
-  std::optional<std::uint32_t> cached_slot(const engine_entry& e) const {
-    auto it = cache_slot_.find(e.name);
-    if (it == cache_slot_.end()) return std::nullopt;
-    const cache_entry& c = cache_[it->second];
-    const bool same = c.desc.kind == e.desc.kind && c.desc.type == e.desc.type && c.desc.op == e.desc.op &&
-                      c.desc.root == e.desc.root && c.desc.memory == e.desc.memory &&
-                      c.counts[static_cast<std::size_t>(comm_.rank())] == e.desc.count;
-    return same ? std::optional(it->second) : std::nullopt;
-  }
-
-  void remember(const response& r) {
-    if (cfg_.cache_capacity == 0) return;
-    cache_entry c{r.name, r.desc, r.counts};
-    if (auto it = cache_slot_.find(r.name); it != cache_slot_.end()) {
-      cache_[it->second] = std::move(c);
-    } else if (cache_.size() < cfg_.cache_capacity) {
-      cache_slot_.emplace(r.name, static_cast<std::uint32_t>(cache_.size()));
-      cache_.push_back(std::move(c));
-    }
+    return list.all_shutdown;
   }
 
   // ---- the coordinator (rank 0): steps 2–4 ---------------------------------------------------
@@ -549,23 +441,20 @@ class engine_core {
     std::uint64_t order = 0;
   };
 
-  wire_writer coordinate(const std::vector<std::vector<std::byte>>& reports) {
+  response_list coordinate(const std::vector<report>& reports) {
     const int p = comm_.size();
     const clock::time_point now = clock::now();
     bool all_shutdown = true;
     // Step 2: merge the reports into the table.
     for (int r = 0; r < p; ++r) {
-      wire_reader in(reports[static_cast<std::size_t>(r)]);
-      const auto flags = in.get<std::uint8_t>();
-      if ((flags & flag_joined) && !joined_ranks_[static_cast<std::size_t>(r)]) {
+      const report& in = reports[static_cast<std::size_t>(r)];
+      if (in.joined && !joined_ranks_[static_cast<std::size_t>(r)]) {
         joined_ranks_[static_cast<std::size_t>(r)] = true;
         last_joined_rank_ = r;
       }
-      shutdown_ranks_[static_cast<std::size_t>(r)] = (flags & flag_shutdown) != 0;
+      shutdown_ranks_[static_cast<std::size_t>(r)] = in.shutting_down;
       all_shutdown = all_shutdown && shutdown_ranks_[static_cast<std::size_t>(r)];
-      const auto n_slots = in.get<std::uint32_t>();
-      for (std::uint32_t i = 0; i < n_slots; ++i) {
-        const auto slot = in.get<std::uint32_t>();
+      for (const std::uint32_t slot : in.slots) {
         const cache_entry& c = cache_.at(slot);
         description d = c.desc;
         d.count = c.counts[static_cast<std::size_t>(r)];
@@ -575,15 +464,11 @@ class engine_core {
         t.slot = slot;
         if (timeline_) timeline_->mark(c.name, "READY rank " + std::to_string(r), now);
       }
-      const auto n_full = in.get<std::uint32_t>();
-      for (std::uint32_t i = 0; i < n_full; ++i) {
-        std::string name = in.get_string();
-        const description d = get_description(in);
-        table_entry& t = table_row(name, now);
-        t.by_rank[static_cast<std::size_t>(r)] = d;
-        if (timeline_) timeline_->mark(name, "READY rank " + std::to_string(r), now);
+      for (const reported_tensor& f : in.full) {
+        table_entry& t = table_row(f.name, now);
+        t.by_rank[static_cast<std::size_t>(r)] = f.desc;
+        if (timeline_) timeline_->mark(f.name, "READY rank " + std::to_string(r), now);
       }
-      in.expect_end();
     }
     const bool all_joined = std::all_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; });
 
@@ -603,10 +488,11 @@ class engine_core {
     for (const auto& name : timed_out) table_.erase(name);
     std::sort(complete.begin(), complete.end());
 
-    wire_writer out;
-    out.put(static_cast<std::uint8_t>((all_joined ? flag_joined : 0) | (all_shutdown ? flag_shutdown : 0)));
-    out.put(static_cast<std::int32_t>(all_joined ? last_joined_rank_ : -1));
-    std::vector<response> list;
+    response_list out;
+    out.all_joined = all_joined;
+    out.all_shutdown = all_shutdown;
+    out.last_joined = all_joined ? last_joined_rank_ : -1;
+    std::vector<response>& list = out.responses;
     for (auto& [order, name] : complete) {
       list.push_back(decide(name, table_.at(name)));
       table_.erase(name);
@@ -620,21 +506,6 @@ class engine_core {
       list.push_back(std::move(r));
     }
     stalled_out_.clear();
-    out.put(static_cast<std::uint32_t>(list.size()));
-    for (const response& r : list) {
-      out.put(static_cast<std::uint8_t>(r.type));
-      if (r.type == response_type::run_cached) {
-        out.put(r.slot);
-      } else if (r.type == response_type::run_full) {
-        out.put(r.name);
-        put_description(out, r.desc);
-        for (auto c : r.counts) out.put(c);
-      } else {
-        out.put(r.name);
-        out.put(static_cast<std::uint8_t>(r.error));
-        out.put(r.text);
-      }
-    }
     if (all_joined) std::fill(joined_ranks_.begin(), joined_ranks_.end(), false);
     return out;
   }
@@ -1201,8 +1072,7 @@ class engine_core {
 
   // background thread only
   std::unordered_map<std::string, std::shared_ptr<engine_entry>> pending_;
-  std::vector<cache_entry> cache_;
-  std::unordered_map<std::string, std::uint32_t> cache_slot_;
+  response_cache cache_{cfg_.cache_capacity};
   bool joined_ = false;
   std::vector<std::byte> fusion_, scratch_;
   std::deque<device_flight> in_flight_;  // device responses enqueued, not yet finished
