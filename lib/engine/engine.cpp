@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "collective_calls.hpp"
+#include "coordinator.hpp"
 #include "protocol.hpp"
 #include "response_cache.hpp"
 
@@ -168,10 +169,9 @@ class engine_core {
       check_timeline_path();
       timeline_.emplace(comm_.rank(), origin_);
     }
-    if (comm_.rank() == 0) {
-      joined_ranks_.assign(static_cast<std::size_t>(comm_.size()), false);
-      shutdown_ranks_.assign(static_cast<std::size_t>(comm_.size()), false);
-    }
+    if (comm_.rank() == 0)
+      coordinator_.emplace(comm_.size(), cache_, stall_inspector(cfg_.stall_warning, cfg_.stall_shutdown), log_,
+                           timeline_ ? &*timeline_ : nullptr);
     thread_ = std::thread([this] { run(); });
     // Registered after comm_ (made above): at MPI_Finalize this engine stops, and writes its
     // timeline, before comm_ closes its transport (core/mpi_finalize.hpp).
@@ -403,7 +403,7 @@ class engine_core {
       reports[0] = std::move(mine);
       for (int r = 1; r < comm_.size(); ++r)
         reports[static_cast<std::size_t>(r)] = decode_report(recv_message(comm_.transport(), r, tag_report, until));
-      responses = encode(coordinate(reports));
+      responses = encode(coordinator_->coordinate(reports, clock::now()));
       for (int r = 1; r < comm_.size(); ++r) send_message(comm_.transport(), r, tag_response, responses, until);
     } else {
       std::vector<std::byte> bytes = encode(mine);
@@ -429,222 +429,6 @@ class engine_core {
       join_cv_.notify_all();
     }
     return list.all_shutdown;
-  }
-
-  // ---- the coordinator (rank 0): steps 2–4 ---------------------------------------------------
-
-  struct table_entry {
-    std::vector<std::optional<description>> by_rank;
-    std::vector<bool> by_slot;
-    std::optional<std::uint32_t> slot;
-    clock::time_point first_seen, last_warning;
-    std::uint64_t order = 0;
-  };
-
-  response_list coordinate(const std::vector<report>& reports) {
-    const int p = comm_.size();
-    const clock::time_point now = clock::now();
-    bool all_shutdown = true;
-    // Step 2: merge the reports into the table.
-    for (int r = 0; r < p; ++r) {
-      const report& in = reports[static_cast<std::size_t>(r)];
-      if (in.joined && !joined_ranks_[static_cast<std::size_t>(r)]) {
-        joined_ranks_[static_cast<std::size_t>(r)] = true;
-        last_joined_rank_ = r;
-      }
-      shutdown_ranks_[static_cast<std::size_t>(r)] = in.shutting_down;
-      all_shutdown = all_shutdown && shutdown_ranks_[static_cast<std::size_t>(r)];
-      for (const std::uint32_t slot : in.slots) {
-        const cache_entry& c = cache_.at(slot);
-        description d = c.desc;
-        d.count = c.counts[static_cast<std::size_t>(r)];
-        table_entry& t = table_row(c.name, now);
-        t.by_rank[static_cast<std::size_t>(r)] = d;
-        t.by_slot[static_cast<std::size_t>(r)] = true;
-        t.slot = slot;
-        if (timeline_) timeline_->mark(c.name, "READY rank " + std::to_string(r), now);
-      }
-      for (const reported_tensor& f : in.full) {
-        table_entry& t = table_row(f.name, now);
-        t.by_rank[static_cast<std::size_t>(r)] = f.desc;
-        if (timeline_) timeline_->mark(f.name, "READY rank " + std::to_string(r), now);
-      }
-    }
-    const bool all_joined = std::all_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; });
-
-    // Step 3: complete tensors, in the order they were first seen; stalls.
-    std::vector<std::pair<std::uint64_t, std::string>> complete;
-    std::vector<std::string> timed_out;
-    for (auto& [name, t] : table_) {
-      std::vector<int> missing;
-      for (int r = 0; r < p; ++r)
-        if (!t.by_rank[static_cast<std::size_t>(r)] && !joined_ranks_[static_cast<std::size_t>(r)])
-          missing.push_back(r);
-      if (missing.empty())
-        complete.emplace_back(t.order, name);
-      else if (stalled_out(name, t, missing, now))
-        timed_out.push_back(name);
-    }
-    for (const auto& name : timed_out) table_.erase(name);
-    std::sort(complete.begin(), complete.end());
-
-    response_list out;
-    out.all_joined = all_joined;
-    out.all_shutdown = all_shutdown;
-    out.last_joined = all_joined ? last_joined_rank_ : -1;
-    std::vector<response>& list = out.responses;
-    for (auto& [order, name] : complete) {
-      list.push_back(decide(name, table_.at(name)));
-      table_.erase(name);
-    }
-    for (auto& [name, text] : stalled_out_) {
-      response r;
-      r.type = response_type::error;
-      r.name = name;
-      r.error = error_kind::timeout;
-      r.text = std::move(text);
-      list.push_back(std::move(r));
-    }
-    stalled_out_.clear();
-    if (all_joined) std::fill(joined_ranks_.begin(), joined_ranks_.end(), false);
-    return out;
-  }
-
-  table_entry& table_row(const std::string& name, clock::time_point now) {
-    auto [it, inserted] = table_.try_emplace(name);
-    if (inserted) {
-      it->second.by_rank.resize(static_cast<std::size_t>(comm_.size()));
-      it->second.by_slot.assign(static_cast<std::size_t>(comm_.size()), false);
-      it->second.first_seen = it->second.last_warning = now;
-      it->second.order = next_order_++;
-    }
-    return it->second;
-  }
-
-  /// Warns about a stalled tensor; true when it has waited past stall_shutdown (its timeout
-  /// response is queued in stalled_out_ and the caller drops it from the table).
-  bool stalled_out(const std::string& name, table_entry& t, const std::vector<int>& missing, clock::time_point now) {
-    std::vector<int> have;
-    for (int r = 0; r < comm_.size(); ++r)
-      if (t.by_rank[static_cast<std::size_t>(r)]) have.push_back(r);
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - t.first_seen);
-    const std::string kind(name_of(t.by_rank[static_cast<std::size_t>(have.front())]->kind));
-    if (cfg_.stall_shutdown.count() > 0 && waited >= cfg_.stall_shutdown) {
-      stalled_out_.emplace_back(name, kind + " \"" + name + "\": " + rank_set(missing) + " did not submit it within " +
-                                          seconds_text(cfg_.stall_shutdown) + " (FLEXPAR_STALL_SHUTDOWN_S); " +
-                                          rank_set(have) + " had submitted it");
-      return true;
-    }
-    if (now - t.last_warning >= cfg_.stall_warning) {
-      t.last_warning = now;
-      log_("stall: " + kind + " \"" + name + "\" submitted by " + rank_set(have) + " has waited " +
-           seconds_text(waited) + " for " + rank_set(missing) + " (FLEXPAR_STALL_WARNING_S)");
-    }
-    return false;
-  }
-
-  /// Step 3 for one complete tensor: run it, or say why not.
-  response decide(const std::string& name, const table_entry& t) {
-    const int p = comm_.size();
-    response r;
-    r.name = name;
-    std::vector<int> present;
-    bool any_joined = false;
-    for (int k = 0; k < p; ++k) {
-      if (t.by_rank[static_cast<std::size_t>(k)])
-        present.push_back(k);
-      else
-        any_joined = true;
-    }
-    const description& first = *t.by_rank[static_cast<std::size_t>(present.front())];
-    // Steady state: every rank reported the cache slot, so the descriptions are the cached one and
-    // agree by construction; nothing to compare.
-    if (!any_joined && t.slot && std::all_of(t.by_slot.begin(), t.by_slot.end(), [](bool b) { return b; })) {
-      r.type = response_type::run_cached;
-      r.slot = *t.slot;
-      return r;
-    }
-    auto fail = [&](error_kind kind, std::string text) {
-      r.type = response_type::error;
-      r.error = kind;
-      r.text = std::move(text);
-      return r;
-    };
-    // Compare one field across the ranks that have the tensor; a difference is a mismatch naming
-    // each value and its ranks.
-    auto differs = [&](std::string_view field, auto value_of, auto print) -> std::optional<std::string> {
-      std::vector<std::pair<decltype(value_of(first)), std::vector<int>>> groups;
-      for (int k : present) {
-        const auto v = value_of(*t.by_rank[static_cast<std::size_t>(k)]);
-        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
-        if (it == groups.end())
-          groups.push_back({v, {k}});
-        else
-          it->second.push_back(k);
-      }
-      if (groups.size() == 1) return std::nullopt;
-      std::string text = std::string(name_of(first.kind)) + " \"" + name + "\": " + std::string(field) + " ";
-      for (std::size_t g = 0; g < groups.size(); ++g) {
-        if (g > 0) text += g + 1 == groups.size() ? " but " : ", ";
-        text += print(groups[g].first) + " on " + rank_set(groups[g].second);
-      }
-      return text;
-    };
-    if (auto m = differs(
-            "collective", [](const description& d) { return d.kind; },
-            [](collective_kind k) { return std::string(name_of(k)); })) {
-      // A different collective under one name: name the tensor without a collective in front.
-      return fail(error_kind::mismatch, "tensor \"" + name + "\": " + m->substr(m->find(": ") + 2));
-    }
-    if (auto m = differs(
-            "dtype", [](const description& d) { return d.type; }, [](dtype x) { return std::string(name_of(x)); }))
-      return fail(error_kind::mismatch, *m);
-    if (auto m = differs(
-            "memory", [](const description& d) { return d.memory; },
-            [](memory_kind k) { return std::string(name_of(k)); }))
-      return fail(error_kind::mismatch, *m);
-    if (first.kind != collective_kind::allgather)
-      if (auto m = differs(
-              "count", [](const description& d) { return d.count; }, [](std::uint64_t c) { return std::to_string(c); }))
-        return fail(error_kind::mismatch, *m);
-    if (first.kind == collective_kind::allreduce || first.kind == collective_kind::reduce_scatter)
-      if (auto m = differs(
-              "op", [](const description& d) { return d.op; }, [](reduce_op o) { return std::string(name_of(o)); }))
-        return fail(error_kind::mismatch, *m);
-    if (first.kind == collective_kind::broadcast) {
-      if (auto m = differs(
-              "root", [](const description& d) { return d.root; },
-              [](std::int32_t root) { return std::to_string(root); }))
-        return fail(error_kind::mismatch, *m);
-      if (first.root < 0 || first.root >= p)
-        return fail(error_kind::usage, "broadcast \"" + name + "\": root " + std::to_string(first.root) +
-                                           " is outside the " + std::to_string(p) + " ranks");
-      if (!t.by_rank[static_cast<std::size_t>(first.root)])
-        return fail(error_kind::usage, "broadcast \"" + name + "\": its root, rank " + std::to_string(first.root) +
-                                           ", has joined and has no data to send");
-    }
-    if (any_joined && first.kind != collective_kind::allreduce && first.kind != collective_kind::broadcast)
-      return fail(error_kind::usage, std::string(name_of(first.kind)) + " \"" + name +
-                                         "\" cannot run while a rank has joined (only allreduce and broadcast can)");
-    if (first.kind == collective_kind::alltoall && first.count % static_cast<std::uint64_t>(p) != 0)
-      return fail(error_kind::usage, "alltoall \"" + name + "\": count " + std::to_string(first.count) +
-                                         " is not divisible by the " + std::to_string(p) + " ranks");
-    // Run it: by slot when every rank that has it reported the same slot.
-    const bool by_slot = t.slot && std::all_of(present.begin(), present.end(),
-                                               [&](int k) { return t.by_slot[static_cast<std::size_t>(k)]; });
-    r.desc = first;
-    r.counts.resize(static_cast<std::size_t>(p));
-    for (int k = 0; k < p; ++k) {
-      const auto& d = t.by_rank[static_cast<std::size_t>(k)];
-      r.counts[static_cast<std::size_t>(k)] = d ? d->count : first.count;
-    }
-    if (by_slot) {
-      r.type = response_type::run_cached;
-      r.slot = *t.slot;
-    } else {
-      r.type = response_type::run_full;
-    }
-    return r;
   }
 
   // ---- step 5: running the responses ----------------------------------------------------------
@@ -1077,12 +861,7 @@ class engine_core {
   std::vector<std::byte> fusion_, scratch_;
   std::deque<device_flight> in_flight_;  // device responses enqueued, not yet finished
 
-  // coordinator only
-  std::unordered_map<std::string, table_entry> table_;  // completion order comes from table_entry::order
-  std::vector<std::pair<std::string, std::string>> stalled_out_;
-  std::vector<bool> joined_ranks_, shutdown_ranks_;
-  int last_joined_rank_ = -1;
-  std::uint64_t next_order_ = 0;
+  std::optional<coordinator> coordinator_;  // rank 0 only
 
   std::thread thread_;         // started after everything above exists
   finalize_hook at_finalize_;  // last: unregistered first, before the thread stops

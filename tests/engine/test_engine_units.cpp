@@ -3,11 +3,14 @@
 // executor, each driven directly with chosen inputs and a fake clock.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
+#include "engine/coordinator.hpp"
 #include "engine/protocol.hpp"
 #include "engine/response_cache.hpp"
+#include "engine/stall_inspector.hpp"
 
 namespace flexpar::detail {
 namespace {
@@ -170,6 +173,286 @@ TEST(response_cache, capacity_zero_caches_nothing) {
   cache.remember(run_full("w", allreduce_of(1), {1}));
   EXPECT_EQ(cache.size(), 0u);
   EXPECT_FALSE(cache.slot_of("w", allreduce_of(1), 0));
+}
+
+// ---- the coordinator (steps 2–4) -----------------------------------------------------------------
+
+using std::chrono::milliseconds;
+
+description of_kind(collective_kind kind, std::uint64_t count, dtype type = dtype::f32) {
+  description d = allreduce_of(count, type);
+  d.kind = kind;
+  return d;
+}
+
+/// A coordinator over `ranks` ranks with its own cache and stall settings, driven cycle by cycle at a
+/// fake time that starts at t0 and moves only when the test says so.
+struct coordinator_fixture {
+  explicit coordinator_fixture(int ranks, milliseconds warning = milliseconds(60000),
+                               milliseconds shutdown = milliseconds(300000))
+      : p(ranks),
+        co(ranks, cache, stall_inspector(warning, shutdown), [this](std::string_view l) { log.emplace_back(l); },
+           nullptr) {}
+
+  /// One cycle: `by_rank[r]` are the tensors rank r reports in full.
+  response_list cycle(const std::vector<std::vector<reported_tensor>>& by_rank, milliseconds at = milliseconds(0),
+                      const std::vector<int>& joined = {}) {
+    std::vector<report> reports(static_cast<std::size_t>(p));
+    for (std::size_t r = 0; r < by_rank.size(); ++r) reports[r].full = by_rank[r];
+    for (int r : joined) reports[static_cast<std::size_t>(r)].joined = true;
+    return co.coordinate(reports, t0 + at);
+  }
+  /// Every rank reports the same tensor in full.
+  response_list everyone(const std::string& name, const description& d) {
+    return cycle(std::vector<std::vector<reported_tensor>>(static_cast<std::size_t>(p), {{name, d}}));
+  }
+  /// Rank `odd` reports `other`, every other rank `usual`; the one response's error text.
+  std::string mismatch(const std::string& name, const description& usual, const description& other, int odd = 1) {
+    std::vector<std::vector<reported_tensor>> by_rank(static_cast<std::size_t>(p), {{name, usual}});
+    by_rank[static_cast<std::size_t>(odd)] = {{name, other}};
+    const response_list out = cycle(by_rank);
+    if (out.responses.size() != 1 || out.responses[0].type != response_type::error ||
+        out.responses[0].error != error_kind::mismatch)
+      return "(no mismatch)";
+    return out.responses[0].text;
+  }
+
+  int p;
+  response_cache cache{64};
+  std::vector<std::string> log;
+  coordinator co;
+  const clock::time_point t0 = clock::now();
+};
+
+TEST(coordinator, a_tensor_every_rank_reports_gets_one_response_with_every_count) {
+  coordinator_fixture f(3);
+  const response_list out = f.everyone("w", allreduce_of(8));
+  ASSERT_EQ(out.responses.size(), 1u);
+  const response& r = out.responses[0];
+  EXPECT_EQ(r.type, response_type::run_full);
+  EXPECT_EQ(r.name, "w");
+  EXPECT_EQ(r.desc.kind, collective_kind::allreduce);
+  EXPECT_EQ(r.counts, (std::vector<std::uint64_t>{8, 8, 8}));
+  EXPECT_FALSE(out.all_joined);
+  EXPECT_FALSE(out.all_shutdown);
+  EXPECT_EQ(out.last_joined, -1);
+  EXPECT_TRUE(f.cycle({}).responses.empty()) << "a tensor is answered once";
+}
+
+TEST(coordinator, a_tensor_waits_for_the_rank_that_has_not_reported_it) {
+  coordinator_fixture f(3);
+  EXPECT_TRUE(f.cycle({{{"w", allreduce_of(4)}}, {}, {{"w", allreduce_of(4)}}}).responses.empty());
+  EXPECT_TRUE(f.cycle({}).responses.empty());
+  const response_list out = f.cycle({{}, {{"w", allreduce_of(4)}}, {}});
+  ASSERT_EQ(out.responses.size(), 1u);
+  EXPECT_EQ(out.responses[0].name, "w");
+  EXPECT_EQ(out.responses[0].type, response_type::run_full);
+}
+
+TEST(coordinator, complete_tensors_run_in_the_order_they_were_first_seen) {
+  coordinator_fixture f(2);
+  // Rank 0 reports c, a, b; rank 1 reports them a cycle later in another order, and d, which rank 0
+  // never reports.
+  f.cycle({{{"c", allreduce_of(1)}, {"a", allreduce_of(2)}, {"b", allreduce_of(3)}}, {}});
+  const response_list out =
+      f.cycle({{}, {{"b", allreduce_of(3)}, {"d", allreduce_of(9)}, {"a", allreduce_of(2)}, {"c", allreduce_of(1)}}});
+  std::vector<std::string> order;
+  for (const auto& r : out.responses) order.push_back(r.name);
+  EXPECT_EQ(order, (std::vector<std::string>{"c", "a", "b"}));
+}
+
+TEST(coordinator, a_mismatch_names_the_field_and_which_ranks_hold_which_value) {
+  coordinator_fixture f(3);
+  description bigger = allreduce_of(2048);
+  EXPECT_EQ(f.mismatch("fc1.grad", allreduce_of(1024), bigger),
+            "allreduce \"fc1.grad\": count 1024 on ranks {0,2} but 2048 on rank {1}");
+  EXPECT_EQ(f.mismatch("w", allreduce_of(16), allreduce_of(16, dtype::f64)),
+            "allreduce \"w\": dtype f32 on ranks {0,2} but f64 on rank {1}");
+  EXPECT_EQ(f.mismatch("rs", of_kind(collective_kind::reduce_scatter, 6),
+                       [] {
+                         description d = of_kind(collective_kind::reduce_scatter, 6);
+                         d.op = reduce_op::max;
+                         return d;
+                       }()),
+            "reduce_scatter \"rs\": op sum on ranks {0,2} but max on rank {1}");
+  description on_device = allreduce_of(16);
+  on_device.memory = memory_kind::cuda;
+  EXPECT_EQ(f.mismatch("m", allreduce_of(16), on_device, 0),
+            "allreduce \"m\": memory cuda on rank {0} but host on ranks {1,2}");
+  description root0 = of_kind(collective_kind::broadcast, 8), root2 = root0;
+  root0.root = 0;
+  root2.root = 2;
+  EXPECT_EQ(f.mismatch("b", root0, root2), "broadcast \"b\": root 0 on ranks {0,2} but 2 on rank {1}");
+  EXPECT_EQ(f.mismatch("k", allreduce_of(4), of_kind(collective_kind::allgather, 4)),
+            "tensor \"k\": collective allreduce on ranks {0,2} but allgather on rank {1}");
+  // Three values: each with its ranks, the last after "but".
+  const response_list three =
+      f.cycle({{{"t", allreduce_of(1)}}, {{"t", allreduce_of(2)}}, {{"t", allreduce_of(3)}}});
+  ASSERT_EQ(three.responses.size(), 1u);
+  EXPECT_EQ(three.responses[0].text, "allreduce \"t\": count 1 on rank {0}, 2 on rank {1} but 3 on rank {2}");
+  // An allgather's counts may differ.
+  const response_list gathered = f.cycle({{{"g", of_kind(collective_kind::allgather, 1)}},
+                                          {{"g", of_kind(collective_kind::allgather, 5)}},
+                                          {{"g", of_kind(collective_kind::allgather, 2)}}});
+  ASSERT_EQ(gathered.responses.size(), 1u);
+  EXPECT_EQ(gathered.responses[0].type, response_type::run_full);
+  EXPECT_EQ(gathered.responses[0].counts, (std::vector<std::uint64_t>{1, 5, 2}));
+}
+
+TEST(coordinator, what_the_ranks_agree_on_may_still_be_a_usage_error) {
+  coordinator_fixture f(3);
+  description outside = of_kind(collective_kind::broadcast, 8);
+  outside.root = 3;
+  const response_list a = f.everyone("b", outside);
+  ASSERT_EQ(a.responses.size(), 1u);
+  EXPECT_EQ(a.responses[0].error, error_kind::usage);
+  EXPECT_EQ(a.responses[0].text, "broadcast \"b\": root 3 is outside the 3 ranks");
+  const response_list b = f.everyone("a", of_kind(collective_kind::alltoall, 4));
+  ASSERT_EQ(b.responses.size(), 1u);
+  EXPECT_EQ(b.responses[0].error, error_kind::usage);
+  EXPECT_EQ(b.responses[0].text, "alltoall \"a\": count 4 is not divisible by the 3 ranks");
+}
+
+TEST(coordinator, a_joined_rank_counts_as_having_every_tensor_until_every_rank_joined) {
+  coordinator_fixture f(3);
+  // Rank 2 joins: an allreduce of ranks 0 and 1 runs, rank 2's count taken from the others.
+  const response_list one = f.cycle({{{"w", allreduce_of(5)}}, {{"w", allreduce_of(5)}}, {}}, {}, {2});
+  ASSERT_EQ(one.responses.size(), 1u);
+  EXPECT_EQ(one.responses[0].type, response_type::run_full);
+  EXPECT_EQ(one.responses[0].counts, (std::vector<std::uint64_t>{5, 5, 5}));
+  EXPECT_FALSE(one.all_joined);
+  // Only allreduce and broadcast can run with a joined rank; a broadcast whose root joined cannot.
+  const response_list two = f.cycle({{{"g", of_kind(collective_kind::allgather, 1)}, {"b", [] {
+                                        description d = of_kind(collective_kind::broadcast, 1);
+                                        d.root = 2;
+                                        return d;
+                                      }()}},
+                                     {{"g", of_kind(collective_kind::allgather, 1)}, {"b", [] {
+                                        description d = of_kind(collective_kind::broadcast, 1);
+                                        d.root = 2;
+                                        return d;
+                                      }()}},
+                                     {}});
+  ASSERT_EQ(two.responses.size(), 2u);
+  EXPECT_EQ(two.responses[0].text,
+            "allgather \"g\" cannot run while a rank has joined (only allreduce and broadcast can)");
+  EXPECT_EQ(two.responses[1].text, "broadcast \"b\": its root, rank 2, has joined and has no data to send");
+  // Rank 0 joins, then rank 1: all joined, rank 1 last; then the join is over.
+  EXPECT_FALSE(f.cycle({}, {}, {0}).all_joined);
+  const response_list all = f.cycle({}, {}, {1});
+  EXPECT_TRUE(all.all_joined);
+  EXPECT_EQ(all.last_joined, 1);
+  EXPECT_TRUE(f.cycle({{{"x", allreduce_of(1)}}, {}, {}}).responses.empty()) << "after the join ranks count again";
+}
+
+TEST(coordinator, every_rank_shutting_down_is_all_shut_down) {
+  coordinator_fixture f(2);
+  std::vector<report> reports(2);
+  reports[0].shutting_down = true;
+  EXPECT_FALSE(f.co.coordinate(reports, f.t0).all_shutdown);
+  reports[1].shutting_down = true;
+  EXPECT_TRUE(f.co.coordinate(reports, f.t0).all_shutdown);
+}
+
+TEST(coordinator, answers_by_cache_slot_only_when_every_rank_reported_the_slot) {
+  coordinator_fixture f(2);
+  const response_list first = f.everyone("w", allreduce_of(7));
+  ASSERT_EQ(first.responses.size(), 1u);
+  f.cache.remember(first.responses[0]);  // step 6, as every rank does
+  std::vector<report> reports(2);
+  reports[0].slots = {0};
+  reports[1].slots = {0};
+  const response_list cached = f.co.coordinate(reports, f.t0);
+  ASSERT_EQ(cached.responses.size(), 1u);
+  EXPECT_EQ(cached.responses[0].type, response_type::run_cached);
+  EXPECT_EQ(cached.responses[0].slot, 0u);
+  // Rank 1 reports it in full (say its cache was full): answered in full.
+  reports[1].slots.clear();
+  reports[1].full = {{"w", allreduce_of(7)}};
+  const response_list mixed = f.co.coordinate(reports, f.t0);
+  ASSERT_EQ(mixed.responses.size(), 1u);
+  EXPECT_EQ(mixed.responses[0].type, response_type::run_full);
+  EXPECT_EQ(mixed.responses[0].counts, (std::vector<std::uint64_t>{7, 7}));
+}
+
+TEST(coordinator, a_stalled_tensor_is_logged_then_answered_with_a_timeout_after_the_complete_ones) {
+  coordinator_fixture f(3, milliseconds(100), milliseconds(1000));
+  f.cycle({{{"late", allreduce_of(2)}}, {}, {{"late", allreduce_of(2)}}});
+  f.cycle({}, milliseconds(150));
+  ASSERT_EQ(f.log.size(), 1u);
+  EXPECT_EQ(f.log[0], "stall: allreduce \"late\" submitted by ranks {0,2} has waited 0.15 s for rank {1} "
+                      "(FLEXPAR_STALL_WARNING_S)");
+  const response_list out = f.cycle({{{"ok", allreduce_of(1)}}, {{"ok", allreduce_of(1)}}, {{"ok", allreduce_of(1)}}},
+                                    milliseconds(1000));
+  ASSERT_EQ(out.responses.size(), 2u);
+  EXPECT_EQ(out.responses[0].name, "ok");
+  EXPECT_EQ(out.responses[1].name, "late");
+  EXPECT_EQ(out.responses[1].error, error_kind::timeout);
+  EXPECT_EQ(out.responses[1].text,
+            "allreduce \"late\": rank {1} did not submit it within 1 s (FLEXPAR_STALL_SHUTDOWN_S); ranks {0,2} had "
+            "submitted it");
+  // Dropped from the table: rank 1's late report starts a new wait instead of running it.
+  EXPECT_TRUE(f.cycle({{}, {{"late", allreduce_of(2)}}, {}}, milliseconds(1001)).responses.empty());
+}
+
+// ---- the stall inspector (step 3) -----------------------------------------------------------------
+
+/// A table holding tensor `name`, reported by the ranks in `have` of `p`, first seen at `t0`.
+tensor_table table_with(const std::string& name, int p, std::vector<int> have, clock::time_point t0,
+                        collective_kind kind = collective_kind::allreduce) {
+  tensor_table table;
+  table_row& t = table[name];
+  t.by_rank.resize(static_cast<std::size_t>(p));
+  t.by_slot.assign(static_cast<std::size_t>(p), false);
+  for (int r : have) t.by_rank[static_cast<std::size_t>(r)] = of_kind(kind, 4);
+  t.first_seen = t.last_warning = t0;
+  return table;
+}
+
+TEST(stall_inspector, warns_with_the_missing_ranks_every_warning_interval) {
+  const stall_inspector inspector(milliseconds(100), milliseconds(1000));
+  const clock::time_point t0 = clock::now();
+  tensor_table table = table_with("w", 5, {0, 2, 4}, t0, collective_kind::broadcast);
+  const std::vector<bool> none_joined(5, false);
+  EXPECT_TRUE(inspector.inspect(table, none_joined, t0 + milliseconds(99)).warnings.empty());
+  const stall_findings first = inspector.inspect(table, none_joined, t0 + milliseconds(100));
+  ASSERT_EQ(first.warnings.size(), 1u);
+  EXPECT_TRUE(first.timeouts.empty());
+  EXPECT_EQ(first.warnings[0].name, "w");
+  EXPECT_EQ(first.warnings[0].missing, (std::vector<int>{1, 3}));
+  EXPECT_EQ(first.warnings[0].text,
+            "stall: broadcast \"w\" submitted by ranks {0,2,4} has waited 0.1 s for ranks {1,3} "
+            "(FLEXPAR_STALL_WARNING_S)");
+  EXPECT_TRUE(inspector.inspect(table, none_joined, t0 + milliseconds(150)).warnings.empty()) << "not again yet";
+  EXPECT_EQ(inspector.inspect(table, none_joined, t0 + milliseconds(200)).warnings.size(), 1u);
+  EXPECT_EQ(table.size(), 1u) << "the inspector drops nothing";
+}
+
+TEST(stall_inspector, times_out_past_stall_shutdown_and_not_before) {
+  const stall_inspector inspector(milliseconds(100), milliseconds(2500));
+  const clock::time_point t0 = clock::now();
+  tensor_table table = table_with("g", 3, {1}, t0);
+  const std::vector<bool> none_joined(3, false);
+  EXPECT_TRUE(inspector.inspect(table, none_joined, t0 + milliseconds(2499)).timeouts.empty());
+  const stall_findings late = inspector.inspect(table, none_joined, t0 + milliseconds(2500));
+  EXPECT_TRUE(late.warnings.empty()) << "a timed-out tensor is not warned about as well";
+  ASSERT_EQ(late.timeouts.size(), 1u);
+  EXPECT_EQ(late.timeouts[0].missing, (std::vector<int>{0, 2}));
+  EXPECT_EQ(late.timeouts[0].text,
+            "allreduce \"g\": ranks {0,2} did not submit it within 2.5 s (FLEXPAR_STALL_SHUTDOWN_S); rank {1} had "
+            "submitted it");
+}
+
+TEST(stall_inspector, joined_ranks_and_complete_tensors_are_not_waited_for_and_zero_never_times_out) {
+  const stall_inspector inspector(milliseconds(100), milliseconds(0));
+  const clock::time_point t0 = clock::now();
+  tensor_table table = table_with("w", 3, {0, 1}, t0);
+  const stall_findings joined = inspector.inspect(table, {false, false, true}, t0 + std::chrono::hours(1));
+  EXPECT_TRUE(joined.warnings.empty());
+  EXPECT_TRUE(joined.timeouts.empty());
+  const stall_findings waiting = inspector.inspect(table, {false, false, false}, t0 + std::chrono::hours(1));
+  EXPECT_EQ(waiting.warnings.size(), 1u);
+  EXPECT_TRUE(waiting.timeouts.empty());
 }
 
 }  // namespace
