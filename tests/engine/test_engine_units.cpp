@@ -4,16 +4,27 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <flexpar/comm/run_in_process.hpp>
+
 #include "engine/coordinator.hpp"
+#include "engine/fused_executor.hpp"
 #include "engine/protocol.hpp"
 #include "engine/response_cache.hpp"
 #include "engine/stall_inspector.hpp"
 
 namespace flexpar::detail {
 namespace {
+
+/// "g3": appended apart, since "g" + to_string(...) trips GCC 12's -Wrestrict.
+std::string numbered(std::string prefix, std::size_t k) {
+  prefix += std::to_string(k);
+  return prefix;
+}
 
 description allreduce_of(std::uint64_t count, dtype type = dtype::f32, reduce_op op = reduce_op::sum) {
   description d;
@@ -122,9 +133,7 @@ TEST(response_cache, two_caches_fed_the_same_responses_agree_on_every_slot) {
   std::vector<response> list;
   for (int i = 0; i < 8; ++i) {
     const auto n = static_cast<std::uint64_t>(i + 1);
-    std::string name = "t";
-    name += std::to_string((i * 5) % 8);  // appended apart: "t" + to_string(...) trips GCC 12's -Wrestrict
-    list.push_back(run_full(name, allreduce_of(n), {n, 2 * n, 3 * n}));
+    list.push_back(run_full(numbered("t", static_cast<std::size_t>((i * 5) % 8)), allreduce_of(n), {n, 2 * n, 3 * n}));
   }
   for (const auto& r : list) a.remember(r);
   for (const auto& r : list) b.remember(r);
@@ -454,6 +463,211 @@ TEST(stall_inspector, joined_ranks_and_complete_tensors_are_not_waited_for_and_z
   EXPECT_EQ(waiting.warnings.size(), 1u);
   EXPECT_TRUE(waiting.timeouts.empty());
 }
+
+// ---- the fused executor (step 5) ------------------------------------------------------------------
+
+response run_of(std::string name, description d, int p) {
+  return run_full(std::move(name), d, std::vector<std::uint64_t>(static_cast<std::size_t>(p), d.count));
+}
+
+TEST(plan_fusion, compatible_allreduces_run_together_in_list_order_and_the_rest_alone) {
+  description f32 = allreduce_of(10), f64 = allreduce_of(10, dtype::f64), max = allreduce_of(10, dtype::f32,
+                                                                                              reduce_op::max);
+  description on_device = f32;
+  on_device.memory = memory_kind::cuda;
+  response failed;
+  failed.type = response_type::error;
+  const std::vector<response> list{run_of("a", f32, 2),
+                                   run_of("b", f64, 2),
+                                   run_of("c", of_kind(collective_kind::broadcast, 10), 2),
+                                   run_of("d", f32, 2),
+                                   failed,
+                                   run_of("e", max, 2),
+                                   run_of("f", on_device, 2),
+                                   run_of("g", f64, 2),
+                                   run_of("h", f32, 2),
+                                   run_of("i", on_device, 2)};
+  using runs = std::vector<std::vector<std::size_t>>;
+  EXPECT_EQ(plan_fusion(list, 1 << 20), (runs{{0, 3, 8}, {1, 7}, {2}, {4}, {5}, {6, 9}}));
+  // 0: nothing fuses. 80 bytes: a and d (40 each) fill it, h runs alone; so do f and i; b and g
+  // (80 each) cannot share it.
+  EXPECT_EQ(plan_fusion(list, 0), (runs{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}}));
+  EXPECT_EQ(plan_fusion(list, 80), (runs{{0, 3}, {1}, {2}, {4}, {5}, {6, 9}, {7}, {8}}));
+}
+
+/// The engine's side of the executor in a test: the tensors this rank has, and how each ended.
+class test_owner final : public fused_executor::owner {
+ public:
+  struct ending {
+    std::exception_ptr error;
+    std::size_t result_count = 0;
+  };
+  /// A host tensor named `name` with `desc`, reading `in` and writing `out`.
+  void add(const std::string& name, description desc, std::span<const std::byte> in, std::span<std::byte> out) {
+    auto e = std::make_shared<engine_entry>();
+    e->name = name;
+    e->desc = desc;
+    e->in = in;
+    e->out = out;
+    pending[name] = std::move(e);
+  }
+  std::shared_ptr<engine_entry> take(const std::string& name) override {
+    auto it = pending.find(name);
+    if (it == pending.end()) return nullptr;
+    auto e = std::move(it->second);
+    pending.erase(it);
+    return e;
+  }
+  void complete(std::span<const std::shared_ptr<engine_entry>> entries, std::exception_ptr error,
+                std::span<const std::size_t> result_counts) override {
+    for (std::size_t k = 0; k < entries.size(); ++k)
+      if (entries[k]) endings[entries[k]->name] = {error, result_counts[k]};
+  }
+  void ran(std::size_t tensors) override { collectives.push_back(tensors); }
+
+  std::map<std::string, std::shared_ptr<engine_entry>> pending;
+  std::map<std::string, ending> endings;
+  std::vector<std::size_t> collectives;  // tensors per collective run
+};
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+  return {};
+}
+
+/// Rank r's element i of tensor k: small integers, so that any order of float sums is exact.
+float value_of(int rank, std::size_t k, std::size_t i) {
+  return static_cast<float>((rank + 1) * static_cast<int>(k + 1) + static_cast<int>(i % 7) - 3);
+}
+
+class fused_executor_inproc : public ::testing::TestWithParam<int> {};
+
+TEST_P(fused_executor_inproc, a_fused_group_of_allreduces_gives_the_serial_sums) {
+  run_in_process(GetParam(), [](communicator& comm) {
+    const int p = comm.size(), me = comm.rank();
+    const std::vector<std::size_t> counts{1, 33, 0, 250, 7};
+    std::vector<std::vector<float>> data(counts.size());
+    std::vector<response> list;
+    test_owner owner;
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      for (std::size_t i = 0; i < counts[k]; ++i) data[k].push_back(value_of(me, k, i));
+      const std::string name = numbered("g", k);
+      owner.add(name, allreduce_of(counts[k]), std::as_bytes(std::span(data[k])),
+                std::as_writable_bytes(std::span(data[k])));
+      list.push_back(run_of(name, allreduce_of(counts[k]), p));
+    }
+    fused_executor exec(comm, std::size_t{1} << 20, nullptr, nullptr, owner);
+    exec.execute(list, clock::now());
+    EXPECT_EQ(owner.collectives, std::vector<std::size_t>{counts.size()}) << "one collective for the whole group";
+    EXPECT_TRUE(owner.pending.empty());
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      const auto& end = owner.endings.at(numbered("g", k));
+      EXPECT_FALSE(end.error) << what_of(end.error);
+      EXPECT_EQ(end.result_count, counts[k]);
+      for (std::size_t i = 0; i < counts[k]; ++i) {
+        float want = 0;  // the serial sum
+        for (int r = 0; r < p; ++r) want += value_of(r, k, i);
+        ASSERT_EQ(data[k][i], want) << "tensor " << k << " element " << i;
+      }
+    }
+  });
+}
+
+TEST_P(fused_executor_inproc, a_rank_without_the_tensor_contributes_the_identity) {
+  run_in_process(GetParam(), [](communicator& comm) {
+    const int p = comm.size(), me = comm.rank();
+    const bool joined = me == p - 1;  // the last rank has joined: no tensor of its own
+    std::vector<float> v(40), w(3);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = value_of(me, 0, i);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = value_of(me, 1, i);
+    test_owner owner;
+    if (!joined) {
+      owner.add("v", allreduce_of(40), std::as_bytes(std::span(v)), std::as_writable_bytes(std::span(v)));
+      owner.add("w", allreduce_of(3), std::as_bytes(std::span(w)), std::as_writable_bytes(std::span(w)));
+    }
+    fused_executor exec(comm, std::size_t{1} << 20, nullptr, nullptr, owner);
+    exec.execute(std::vector<response>{run_of("v", allreduce_of(40), p), run_of("w", allreduce_of(3), p)},
+                 clock::now());
+    EXPECT_EQ(owner.collectives, std::vector<std::size_t>{2});
+    if (joined) return;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      float want = 0;
+      for (int r = 0; r + 1 < p; ++r) want += value_of(r, 0, i);
+      ASSERT_EQ(v[i], want) << "element " << i;
+    }
+  });
+}
+
+TEST_P(fused_executor_inproc, a_single_response_runs_on_its_own) {
+  run_in_process(GetParam(), [](communicator& comm) {
+    const int p = comm.size(), me = comm.rank();
+    // An allgather: rank r gives r + 1 elements; every rank gets them all in rank order.
+    std::vector<std::int32_t> mine(static_cast<std::size_t>(me + 1));
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = 100 * me + static_cast<int>(i);
+    std::vector<std::int32_t> all(static_cast<std::size_t>(p * (p + 1) / 2) + 5, -1);
+    test_owner owner;
+    description d = of_kind(collective_kind::allgather, mine.size(), dtype::i32);
+    owner.add("ag", d, std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)));
+    response r = run_of("ag", d, p);
+    for (int k = 0; k < p; ++k) r.counts[static_cast<std::size_t>(k)] = static_cast<std::uint64_t>(k + 1);
+    fused_executor exec(comm, std::size_t{1} << 20, nullptr, nullptr, owner);
+    exec.execute(std::vector<response>{r}, clock::now());
+    EXPECT_EQ(owner.collectives, std::vector<std::size_t>{1});
+    const auto& end = owner.endings.at("ag");
+    EXPECT_FALSE(end.error) << what_of(end.error);
+    EXPECT_EQ(end.result_count, static_cast<std::size_t>(p * (p + 1) / 2));
+    std::vector<std::int32_t> want;
+    for (int k = 0; k < p; ++k)
+      for (int i = 0; i <= k; ++i) want.push_back(100 * k + i);
+    want.resize(all.size(), -1);  // nothing written past the result
+    EXPECT_EQ(all, want);
+  });
+}
+
+TEST_P(fused_executor_inproc, an_error_completes_only_its_own_tensors) {
+  run_in_process(GetParam(), [](communicator& comm) {
+    const int p = comm.size(), me = comm.rank();
+    std::vector<double> a(5, me + 1.0), b(6, 2.0 * (me + 1));
+    std::vector<float> in(8, 1.0f), too_small(1);
+    test_owner owner;
+    owner.add("a", allreduce_of(5, dtype::f64), std::as_bytes(std::span(a)), std::as_writable_bytes(std::span(a)));
+    owner.add("bad", allreduce_of(4), std::as_bytes(std::span(in)), std::as_writable_bytes(std::span(in)));
+    owner.add("small", of_kind(collective_kind::allgather, 8), std::as_bytes(std::span(in)),
+              std::as_writable_bytes(std::span(too_small)));
+    owner.add("b", allreduce_of(6, dtype::f64), std::as_bytes(std::span(b)), std::as_writable_bytes(std::span(b)));
+    response failed;
+    failed.type = response_type::error;
+    failed.name = "bad";
+    failed.error = error_kind::mismatch;
+    failed.text = "allreduce \"bad\": count 4 on rank {0} but 5 on rank {1}";
+    const std::vector<response> list{run_of("a", allreduce_of(5, dtype::f64), p), failed,
+                                     run_of("small", of_kind(collective_kind::allgather, 8), p),
+                                     run_of("b", allreduce_of(6, dtype::f64), p)};
+    fused_executor exec(comm, std::size_t{1} << 20, nullptr, nullptr, owner);
+    EXPECT_NO_THROW(exec.execute(list, clock::now()));
+    const std::string prefix = "[rank " + std::to_string(me) + "] ";
+    const auto& bad = owner.endings.at("bad");
+    EXPECT_EQ(what_of(bad.error), prefix + failed.text);
+    EXPECT_THROW(std::rethrow_exception(bad.error), mismatch_error);
+    const auto& small = owner.endings.at("small");
+    EXPECT_EQ(what_of(small.error),
+              prefix + "allgather \"small\": the output holds 1 elements but the result has " + std::to_string(8 * p));
+    EXPECT_THROW(std::rethrow_exception(small.error), usage_error);
+    EXPECT_FALSE(owner.endings.at("a").error);
+    EXPECT_FALSE(owner.endings.at("b").error);
+    const double sum = p * (p + 1) / 2.0;
+    EXPECT_EQ(a, std::vector<double>(5, sum));
+    EXPECT_EQ(b, std::vector<double>(6, 2 * sum));
+    EXPECT_EQ(owner.collectives, (std::vector<std::size_t>{2})) << "a and b fused; the failed allgather not counted";
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(world, fused_executor_inproc, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return numbered("p", static_cast<std::size_t>(info.param)); });
 
 }  // namespace
 }  // namespace flexpar::detail
