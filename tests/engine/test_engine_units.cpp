@@ -3,12 +3,15 @@
 // executor, each driven directly with chosen inputs and a fake clock.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <flexpar/collective/automatic.hpp>
 #include <flexpar/comm/run_in_process.hpp>
 
 #include "engine/coordinator.hpp"
@@ -663,6 +666,53 @@ TEST_P(fused_executor_inproc, an_error_completes_only_its_own_tensors) {
     EXPECT_EQ(a, std::vector<double>(5, sum));
     EXPECT_EQ(b, std::vector<double>(6, 2 * sum));
     EXPECT_EQ(owner.collectives, (std::vector<std::size_t>{2})) << "a and b fused; the failed allgather not counted";
+  });
+}
+
+/// reduce_scatter and alltoall run what `automatic` chooses for their bytes on this communicator
+/// (shared_memory on one node with a segment, ring / pairwise otherwise), and the timeline names it.
+TEST_P(fused_executor_inproc, reduce_scatter_and_alltoall_run_and_name_what_automatic_chooses) {
+  run_in_process(GetParam(), [](communicator& comm) {
+    const int p = comm.size(), me = comm.rank();
+    const std::size_t n = 6 * static_cast<std::size_t>(p) + 1;  // uneven reduce_scatter blocks
+    const std::size_t n_a2a = 3 * static_cast<std::size_t>(p);
+    std::vector<std::int64_t> rs_in(n), rs_out(n), a2a_in(n_a2a), a2a_out(n_a2a);
+    for (std::size_t i = 0; i < n; ++i) rs_in[i] = static_cast<std::int64_t>(i) * (me + 1);
+    for (std::size_t i = 0; i < n_a2a; ++i) a2a_in[i] = 1000 * me + static_cast<std::int64_t>(i);
+    test_owner owner;
+    const description rs = of_kind(collective_kind::reduce_scatter, n, dtype::i64);
+    const description a2a = of_kind(collective_kind::alltoall, n_a2a, dtype::i64);
+    owner.add("rs", rs, std::as_bytes(std::span(rs_in)), std::as_writable_bytes(std::span(rs_out)));
+    owner.add("a2a", a2a, std::as_bytes(std::span(a2a_in)), std::as_writable_bytes(std::span(a2a_out)));
+    timeline trace(me);
+    fused_executor exec(comm, std::size_t{1} << 20, nullptr, &trace, owner);
+    const clock::time_point now = clock::now();
+    owner.pending.at("rs")->submitted = owner.pending.at("a2a")->submitted = now;
+    exec.execute(std::vector<response>{run_of("rs", rs, p), run_of("a2a", a2a, p)}, now);
+    ASSERT_FALSE(owner.endings.at("rs").error) << what_of(owner.endings.at("rs").error);
+    ASSERT_FALSE(owner.endings.at("a2a").error) << what_of(owner.endings.at("a2a").error);
+    // Results against a serial oracle: my block of the sum, and block me of every rank's input.
+    const std::size_t base = n / static_cast<std::size_t>(p), extra = n % static_cast<std::size_t>(p);
+    const std::size_t mine = base + (static_cast<std::size_t>(me) < extra ? 1 : 0);
+    const std::size_t first = static_cast<std::size_t>(me) * base + std::min<std::size_t>(me, extra);
+    EXPECT_EQ(owner.endings.at("rs").result_count, mine);
+    for (std::size_t k = 0; k < mine; ++k)
+      EXPECT_EQ(rs_out[k], static_cast<std::int64_t>(first + k) * p * (p + 1) / 2) << "block element " << k;
+    for (int from = 0; from < p; ++from)
+      for (std::size_t e = 0; e < 3; ++e)
+        EXPECT_EQ(a2a_out[3 * static_cast<std::size_t>(from) + e],
+                  1000 * from + static_cast<std::int64_t>(3 * static_cast<std::size_t>(me) + e));
+    // The timeline names the algorithm `automatic` picks for the same bytes.
+    std::map<std::string, std::string> named;
+    for (const auto& e : nlohmann::json::parse(trace.events_json()))
+      if (e.contains("args") && e.at("args").contains("algorithm"))
+        named[e.at("name").get<std::string>()] = e.at("args").at("algorithm").get<std::string>();
+    EXPECT_EQ(named["REDUCE_SCATTER"], name_of(choose_reduce_scatter(comm, n * sizeof(std::int64_t))));
+    EXPECT_EQ(named["ALLTOALL"], name_of(choose_alltoall(comm, n_a2a * sizeof(std::int64_t))));
+    if (p > 1 && one_node_segment(comm)) {  // one node: the choice is the segment, not the transport
+      EXPECT_EQ(named["REDUCE_SCATTER"], "shared_memory");
+      EXPECT_EQ(named["ALLTOALL"], "shared_memory");
+    }
   });
 }
 
