@@ -1,6 +1,7 @@
-// lib/engine/collective_calls.hpp — the engine's bridge from type-erased responses (dtype + bytes) to the templated
-// collectives. Each call picks the algorithm the way `automatic` would (so the timeline can name it), runs it, and
-// returns its name.
+// lib/engine/collective_calls.hpp — the engine's bridge from type-erased responses (dtype + bytes)
+// to the templated collectives. Each call asks `automatic`'s chooser (collective/automatic.hpp) with
+// the bytes the collective's own `automatic` would ask with, runs the choice, and returns its name
+// for the timeline.
 #pragma once
 
 #include <algorithm>
@@ -55,21 +56,23 @@ inline std::string run_allgather(communicator& comm, dtype type, const std::byte
 inline std::string run_reduce_scatter(communicator& comm, dtype type, const std::byte* in, std::byte* out,
                                       std::size_t count, reduce_op op) {
   const block_layout layout = block_layout::even(count, comm.size());
+  const algorithm a = choose_reduce_scatter(comm, count * size_of(type));
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     reduce_scatter_v(comm, typed<T>(in, count), typed<T>(out, layout.count(comm.rank())),
-                     std::span<const std::size_t>(layout.counts), op, algorithm::ring);
+                     std::span<const std::size_t>(layout.counts), op, a);
   });
-  return std::string(name_of(algorithm::ring));
+  return std::string(name_of(a));
 }
 
 inline std::string run_alltoall(communicator& comm, dtype type, const std::byte* in, std::byte* out,
                                 std::size_t count) {
+  const algorithm a = choose_alltoall(comm, count * size_of(type));
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
-    alltoall(comm, typed<T>(in, count), typed<T>(out, count), algorithm::pairwise);
+    alltoall(comm, typed<T>(in, count), typed<T>(out, count), a);
   });
-  return std::string(name_of(algorithm::pairwise));
+  return std::string(name_of(a));
 }
 
 /// Fills `count` elements at `data` with the identity of `op` (what a joined rank contributes).

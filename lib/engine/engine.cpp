@@ -1,4 +1,6 @@
-// lib/engine/engine.cpp — the engine: submission queue, background thread, coordinator, fusion, timeline.
+// lib/engine/engine.cpp — the engine: submission queue, background thread, join, shutdown,
+// timeline, and the cycle that composes its units (coordinator.hpp: steps 2–4 on rank 0;
+// fused_executor.hpp: step 5; response_cache.hpp: step 6).
 // The protocol is described step by step in include/flexpar/engine/engine.hpp; the step numbers
 // below refer to it.
 #include <flexpar/core/check_mpi.hpp>
@@ -13,15 +15,16 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
-#include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <thread>
 #include <unordered_map>
 
-#include "collective_calls.hpp"
-#include "wire.hpp"
+#include "coordinator.hpp"
+#include "entry.hpp"
+#include "fused_executor.hpp"
+#include "protocol.hpp"
+#include "response_cache.hpp"
 
 namespace flexpar {
 
@@ -38,115 +41,7 @@ std::string_view name_of(collective_kind kind) noexcept {
 
 namespace detail {
 
-/// What every rank must agree on about a tensor (the count only where the collective needs it).
-struct description {
-  collective_kind kind = collective_kind::allreduce;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  std::int32_t root = -1;
-  std::uint64_t count = 0;
-  memory_kind memory = memory_kind::host;
-};
-
-/// The tensors one rank has submitted and not yet seen finish, by submission order. handle::wait
-/// rethrows a tensor's error only once every tensor submitted before that wait has finished: the
-/// caller who unwinds on the error frees the buffers of the tensors it submitted with it, which the
-/// engine may otherwise still be running (the error of one tensor is decided while the others of
-/// its batch are still pending, and a caller may even submit more before it looks).
-class settle_tracker {
- public:
-  /// Registers a submission; returns its number.
-  std::uint64_t enter(const std::string& name) {
-    std::lock_guard lock(mutex_);
-    in_flight_.emplace(next_, name);
-    return next_++;
-  }
-  /// A tensor finished (successfully or not).
-  void leave(std::uint64_t seq) {
-    {
-      std::lock_guard lock(mutex_);
-      in_flight_.erase(seq);
-    }
-    settled_.notify_all();
-  }
-  /// Submissions so far.
-  [[nodiscard]] std::uint64_t submitted() {
-    std::lock_guard lock(mutex_);
-    return next_;
-  }
-  /// Blocks until every tensor numbered below `limit` has finished; false at `until`, with the
-  /// names of those still in flight in `names`.
-  bool wait_before(std::uint64_t limit, deadline until, std::string& names) {
-    std::unique_lock lock(mutex_);
-    if (settled_.wait_until(lock, until, [&] { return in_flight_.empty() || in_flight_.begin()->first >= limit; }))
-      return true;
-    for (auto it = in_flight_.begin(); it != in_flight_.end() && it->first < limit; ++it)
-      names.append(names.empty() ? "\"" : ", \"").append(it->second).append("\"");
-    return false;
-  }
-  /// The engine's background thread (which must never wait for tensors it runs itself).
-  std::atomic<std::thread::id> background;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable settled_;
-  std::uint64_t next_ = 0;
-  std::map<std::uint64_t, std::string> in_flight_;
-};
-
-struct engine_entry {
-  std::string name;
-  description desc;
-  std::span<const std::byte> in;
-  std::span<std::byte> out;
-  completion_callback done;
-  std::chrono::milliseconds default_timeout{0};
-
-  // device tensors (desc.memory == cuda): device addresses, the producer's position, and once the
-  // response is enqueued the marker of its end
-  const void* device_in = nullptr;
-  void* device_out = nullptr;
-  std::size_t out_capacity = 0;  // elements
-  device_marker ready, end;
-  device_backend* backend = nullptr;
-  bool enqueued = false;  // under mutex; finished_cv is notified when it turns true
-
-  std::mutex mutex;
-  std::condition_variable finished_cv;
-  bool finished = false;
-  std::exception_ptr error;
-  std::size_t result_count = 0;
-  // This rank's tensors not yet finished, for handle::wait (errors wait for them: settle_tracker).
-  std::shared_ptr<settle_tracker> tracker;
-  std::uint64_t seq = 0;  // this tensor's place in the tracker
-
-  // timeline
-  clock::time_point submitted, responded, exec_begin, copied_in, reduced, copied_out;
-};
-
 namespace {
-
-constexpr std::uint8_t flag_joined = 1, flag_shutdown = 2;
-enum class response_type : std::uint8_t { run_cached, run_full, error };
-enum class error_kind : std::uint8_t { mismatch, timeout, usage };
-
-/// A tensor as the cache remembers it: its description and every rank's count.
-struct cache_entry {
-  std::string name;
-  description desc;  // count unused: see counts
-  std::vector<std::uint64_t> counts;
-};
-
-/// One response of step 4.
-struct response {
-  response_type type = response_type::run_full;
-  std::uint32_t slot = 0;
-  std::string name;
-  description desc;
-  std::vector<std::uint64_t> counts;  // per rank
-  error_kind error = error_kind::mismatch;
-  std::string text;
-};
 
 // ---- messages: one fixed-size first part, a second message only for long ones ------------------
 
@@ -178,51 +73,27 @@ std::vector<std::byte> recv_message(transport& t, int peer, tag_t tag, deadline 
   return payload;
 }
 
-void put_description(wire_writer& w, const description& d) {
-  w.put(static_cast<std::uint8_t>(d.kind));
-  w.put(static_cast<std::uint8_t>(d.type));
-  w.put(static_cast<std::uint8_t>(d.op));
-  w.put(d.root);
-  w.put(d.count);
-  w.put(static_cast<std::uint8_t>(d.memory));
-}
-
-description get_description(wire_reader& r) {
-  description d;
-  d.kind = static_cast<collective_kind>(r.get<std::uint8_t>());
-  d.type = static_cast<dtype>(r.get<std::uint8_t>());
-  d.op = static_cast<reduce_op>(r.get<std::uint8_t>());
-  d.root = r.get<std::int32_t>();
-  d.count = r.get<std::uint64_t>();
-  d.memory = static_cast<memory_kind>(r.get<std::uint8_t>());
-  return d;
-}
-
 constexpr tag_t tag_report = 1, tag_response = 2, tag_timeline = 3;
 
 }  // namespace
 
-class engine_core {
+class engine_core final : private fused_executor::owner {
  public:
   engine_core(communicator& parent, config cfg, log_sink log, device_backend* device)
       : comm_(std::move(*parent.split(0, parent.rank()))),
         cfg_(std::move(cfg)),
         log_(std::move(log)),
         device_(device),
-        origin_(clock::now()) {
+        origin_(clock::now()),
+        timeline_(open_timeline()) {
     if (!log_) {
       log_ = [rank = comm_.rank()](std::string_view line) {
         std::fprintf(stderr, "[flexpar rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
       };
     }
-    if (!cfg_.timeline_path.empty()) {
-      check_timeline_path();
-      timeline_.emplace(comm_.rank(), origin_);
-    }
-    if (comm_.rank() == 0) {
-      joined_ranks_.assign(static_cast<std::size_t>(comm_.size()), false);
-      shutdown_ranks_.assign(static_cast<std::size_t>(comm_.size()), false);
-    }
+    if (comm_.rank() == 0)
+      coordinator_.emplace(comm_.size(), cache_, stall_inspector(cfg_.stall_warning, cfg_.stall_shutdown), log_,
+                           timeline_ ? &*timeline_ : nullptr);
     thread_ = std::thread([this] { run(); });
     // Registered after comm_ (made above): at MPI_Finalize this engine stops, and writes its
     // timeline, before comm_ closes its transport (core/mpi_finalize.hpp).
@@ -232,6 +103,13 @@ class engine_core {
   ~engine_core() {
     at_finalize_ = {};
     stop("the engine shut down");
+  }
+
+  /// Collective: the timeline, when configured (after check_timeline_path).
+  std::optional<timeline> open_timeline() {
+    if (cfg_.timeline_path.empty()) return std::nullopt;
+    check_timeline_path();
+    return std::optional<timeline>(std::in_place, comm_.rank(), origin_);
   }
 
   /// Collective: rank 0, which writes the timeline at the end, opens its file now (creating it when
@@ -381,12 +259,16 @@ class engine_core {
           std::unique_lock lock(mutex_);
           sleeping_ = true;
           // While device responses are in flight, wake every poll interval to complete them.
-          while (!wake_.wait_until(lock, in_flight_.empty() ? next : std::min(next, clock::now() + device_poll), [&] {
+          while (!wake_.wait_until(lock,
+                                   executor_.device_in_flight()
+                                       ? std::min(next, clock::now() + fused_executor::device_poll)
+                                       : next,
+                                   [&] {
             return !fresh_.empty() || shutdown_requested_ || (join_requested_ && !joined_);
           })) {
             if (clock::now() >= next) break;
             lock.unlock();
-            poll_device();
+            executor_.poll_device();
             lock.lock();
           }
           const auto quiet = cfg_.cycle_time / 20;
@@ -402,9 +284,9 @@ class engine_core {
           if (join_requested_) joined_ = true;
         }
         if (cycle(fresh, shutting_down)) break;
-        poll_device();
+        executor_.poll_device();
       }
-      drain_device(std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout));
+      executor_.drain_device(std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout));
       std::string reason;
       {
         std::lock_guard lock(mutex_);
@@ -423,10 +305,9 @@ class engine_core {
   bool cycle(std::vector<std::shared_ptr<engine_entry>>& fresh, bool shutting_down) {
     const clock::time_point cycle_begin = clock::now();
     // Step 1: the report.
-    wire_writer report;
-    report.put(static_cast<std::uint8_t>((joined_ ? flag_joined : 0) | (shutting_down ? flag_shutdown : 0)));
-    std::vector<std::uint32_t> slots;
-    std::vector<const engine_entry*> full;
+    report mine;
+    mine.joined = joined_;
+    mine.shutting_down = shutting_down;
     for (auto& e : fresh) {
       if (pending_.contains(e->name)) {
         finish(*e, std::make_exception_ptr(usage_error(
@@ -435,685 +316,73 @@ class engine_core {
         continue;
       }
       pending_.emplace(e->name, e);
-      if (auto slot = cached_slot(*e))
-        slots.push_back(*slot);
+      if (auto slot = cache_.slot_of(e->name, e->desc, comm_.rank()))
+        mine.slots.push_back(*slot);
       else
-        full.push_back(e.get());
-    }
-    report.put(static_cast<std::uint32_t>(slots.size()));
-    for (auto s : slots) report.put(s);
-    report.put(static_cast<std::uint32_t>(full.size()));
-    for (const engine_entry* e : full) {
-      report.put(e->name);
-      put_description(report, e->desc);
+        mine.full.push_back({e->name, e->desc});
     }
     {
       std::lock_guard lock(stats_mutex_);
       ++stats_.cycles;
-      stats_.cache_hits += slots.size();
-      stats_.full_reports += full.size();
+      stats_.cache_hits += mine.slots.size();
+      stats_.full_reports += mine.full.size();
     }
 
     // Steps 2–4 on the coordinator; the others send their report and receive the responses.
     std::vector<std::byte> responses;
     const deadline until = comm_.default_deadline();
     if (comm_.rank() == 0) {
-      std::vector<std::vector<std::byte>> reports(static_cast<std::size_t>(comm_.size()));
-      reports[0] = std::move(report.bytes());
+      std::vector<report> reports(static_cast<std::size_t>(comm_.size()));
+      reports[0] = std::move(mine);
       for (int r = 1; r < comm_.size(); ++r)
-        reports[static_cast<std::size_t>(r)] = recv_message(comm_.transport(), r, tag_report, until);
-      wire_writer out = coordinate(reports);
-      responses = std::move(out.bytes());
+        reports[static_cast<std::size_t>(r)] = decode_report(recv_message(comm_.transport(), r, tag_report, until));
+      responses = encode(coordinator_->coordinate(reports, clock::now()));
       for (int r = 1; r < comm_.size(); ++r) send_message(comm_.transport(), r, tag_response, responses, until);
     } else {
-      send_message(comm_.transport(), 0, tag_report, report.bytes(), until);
+      std::vector<std::byte> bytes = encode(mine);
+      send_message(comm_.transport(), 0, tag_report, bytes, until);
       responses = recv_message(comm_.transport(), 0, tag_response, until);
     }
     const clock::time_point responded = clock::now();
     if (timeline_ && cfg_.timeline_mark_cycles) timeline_->mark("cycles", "CYCLE", cycle_begin);
 
     // Steps 5 and 6.
-    wire_reader in(responses);
-    const auto flags = in.get<std::uint8_t>();
-    const auto last_joined = in.get<std::int32_t>();
-    const auto n = in.get<std::uint32_t>();
-    std::vector<response> list(n);
-    for (auto& r : list) {
-      r.type = static_cast<response_type>(in.get<std::uint8_t>());
-      if (r.type == response_type::run_cached) {
-        r.slot = in.get<std::uint32_t>();
-        if (r.slot >= cache_.size())
-          throw error("engine protocol error: cache slot " + std::to_string(r.slot) + " unknown");
-        const cache_entry& c = cache_[r.slot];
-        r.name = c.name;
-        r.desc = c.desc;
-        r.counts = c.counts;
-      } else if (r.type == response_type::run_full) {
-        r.name = in.get_string();
-        r.desc = get_description(in);
-        r.counts.resize(static_cast<std::size_t>(comm_.size()));
-        for (auto& c : r.counts) c = in.get<std::uint64_t>();
-      } else {
-        r.name = in.get_string();
-        r.error = static_cast<error_kind>(in.get<std::uint8_t>());
-        r.text = in.get_string();
-      }
-    }
-    in.expect_end();
-    execute(list, responded);
-    for (const auto& r : list)
-      if (r.type == response_type::run_full) remember(r);
-    if (flags & flag_joined) {
+    response_list list = decode_response_list(responses, cache_, comm_.size());
+    executor_.execute(list.responses, responded);
+    for (const auto& r : list.responses)
+      if (r.type == response_type::run_full) cache_.remember(r);
+    if (list.all_joined) {
       joined_ = false;
       {
         std::lock_guard lock(mutex_);
         join_requested_ = false;
         join_done_ = true;
-        last_joined_ = last_joined;
+        last_joined_ = list.last_joined;
       }
       join_cv_.notify_all();
     }
-    return (flags & flag_shutdown) != 0;
+    return list.all_shutdown;
   }
 
-  // ---- the response cache (identical on every rank: step 6) ----------------------------------
+  // ---- what the fused executor (step 5) needs from the engine ---------------------------------
 
-  std::optional<std::uint32_t> cached_slot(const engine_entry& e) const {
-    auto it = cache_slot_.find(e.name);
-    if (it == cache_slot_.end()) return std::nullopt;
-    const cache_entry& c = cache_[it->second];
-    const bool same = c.desc.kind == e.desc.kind && c.desc.type == e.desc.type && c.desc.op == e.desc.op &&
-                      c.desc.root == e.desc.root && c.desc.memory == e.desc.memory &&
-                      c.counts[static_cast<std::size_t>(comm_.rank())] == e.desc.count;
-    return same ? std::optional(it->second) : std::nullopt;
-  }
-
-  void remember(const response& r) {
-    if (cfg_.cache_capacity == 0) return;
-    cache_entry c{r.name, r.desc, r.counts};
-    if (auto it = cache_slot_.find(r.name); it != cache_slot_.end()) {
-      cache_[it->second] = std::move(c);
-    } else if (cache_.size() < cfg_.cache_capacity) {
-      cache_slot_.emplace(r.name, static_cast<std::uint32_t>(cache_.size()));
-      cache_.push_back(std::move(c));
-    }
-  }
-
-  // ---- the coordinator (rank 0): steps 2–4 ---------------------------------------------------
-
-  struct table_entry {
-    std::vector<std::optional<description>> by_rank;
-    std::vector<bool> by_slot;
-    std::optional<std::uint32_t> slot;
-    clock::time_point first_seen, last_warning;
-    std::uint64_t order = 0;
-  };
-
-  wire_writer coordinate(const std::vector<std::vector<std::byte>>& reports) {
-    const int p = comm_.size();
-    const clock::time_point now = clock::now();
-    bool all_shutdown = true;
-    // Step 2: merge the reports into the table.
-    for (int r = 0; r < p; ++r) {
-      wire_reader in(reports[static_cast<std::size_t>(r)]);
-      const auto flags = in.get<std::uint8_t>();
-      if ((flags & flag_joined) && !joined_ranks_[static_cast<std::size_t>(r)]) {
-        joined_ranks_[static_cast<std::size_t>(r)] = true;
-        last_joined_rank_ = r;
-      }
-      shutdown_ranks_[static_cast<std::size_t>(r)] = (flags & flag_shutdown) != 0;
-      all_shutdown = all_shutdown && shutdown_ranks_[static_cast<std::size_t>(r)];
-      const auto n_slots = in.get<std::uint32_t>();
-      for (std::uint32_t i = 0; i < n_slots; ++i) {
-        const auto slot = in.get<std::uint32_t>();
-        const cache_entry& c = cache_.at(slot);
-        description d = c.desc;
-        d.count = c.counts[static_cast<std::size_t>(r)];
-        table_entry& t = table_row(c.name, now);
-        t.by_rank[static_cast<std::size_t>(r)] = d;
-        t.by_slot[static_cast<std::size_t>(r)] = true;
-        t.slot = slot;
-        if (timeline_) timeline_->mark(c.name, "READY rank " + std::to_string(r), now);
-      }
-      const auto n_full = in.get<std::uint32_t>();
-      for (std::uint32_t i = 0; i < n_full; ++i) {
-        std::string name = in.get_string();
-        const description d = get_description(in);
-        table_entry& t = table_row(name, now);
-        t.by_rank[static_cast<std::size_t>(r)] = d;
-        if (timeline_) timeline_->mark(name, "READY rank " + std::to_string(r), now);
-      }
-      in.expect_end();
-    }
-    const bool all_joined = std::all_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; });
-
-    // Step 3: complete tensors, in the order they were first seen; stalls.
-    std::vector<std::pair<std::uint64_t, std::string>> complete;
-    std::vector<std::string> timed_out;
-    for (auto& [name, t] : table_) {
-      std::vector<int> missing;
-      for (int r = 0; r < p; ++r)
-        if (!t.by_rank[static_cast<std::size_t>(r)] && !joined_ranks_[static_cast<std::size_t>(r)])
-          missing.push_back(r);
-      if (missing.empty())
-        complete.emplace_back(t.order, name);
-      else if (stalled_out(name, t, missing, now))
-        timed_out.push_back(name);
-    }
-    for (const auto& name : timed_out) table_.erase(name);
-    std::sort(complete.begin(), complete.end());
-
-    wire_writer out;
-    out.put(static_cast<std::uint8_t>((all_joined ? flag_joined : 0) | (all_shutdown ? flag_shutdown : 0)));
-    out.put(static_cast<std::int32_t>(all_joined ? last_joined_rank_ : -1));
-    std::vector<response> list;
-    for (auto& [order, name] : complete) {
-      list.push_back(decide(name, table_.at(name)));
-      table_.erase(name);
-    }
-    for (auto& [name, text] : stalled_out_) {
-      response r;
-      r.type = response_type::error;
-      r.name = name;
-      r.error = error_kind::timeout;
-      r.text = std::move(text);
-      list.push_back(std::move(r));
-    }
-    stalled_out_.clear();
-    out.put(static_cast<std::uint32_t>(list.size()));
-    for (const response& r : list) {
-      out.put(static_cast<std::uint8_t>(r.type));
-      if (r.type == response_type::run_cached) {
-        out.put(r.slot);
-      } else if (r.type == response_type::run_full) {
-        out.put(r.name);
-        put_description(out, r.desc);
-        for (auto c : r.counts) out.put(c);
-      } else {
-        out.put(r.name);
-        out.put(static_cast<std::uint8_t>(r.error));
-        out.put(r.text);
-      }
-    }
-    if (all_joined) std::fill(joined_ranks_.begin(), joined_ranks_.end(), false);
-    return out;
-  }
-
-  table_entry& table_row(const std::string& name, clock::time_point now) {
-    auto [it, inserted] = table_.try_emplace(name);
-    if (inserted) {
-      it->second.by_rank.resize(static_cast<std::size_t>(comm_.size()));
-      it->second.by_slot.assign(static_cast<std::size_t>(comm_.size()), false);
-      it->second.first_seen = it->second.last_warning = now;
-      it->second.order = next_order_++;
-    }
-    return it->second;
-  }
-
-  /// Warns about a stalled tensor; true when it has waited past stall_shutdown (its timeout
-  /// response is queued in stalled_out_ and the caller drops it from the table).
-  bool stalled_out(const std::string& name, table_entry& t, const std::vector<int>& missing, clock::time_point now) {
-    std::vector<int> have;
-    for (int r = 0; r < comm_.size(); ++r)
-      if (t.by_rank[static_cast<std::size_t>(r)]) have.push_back(r);
-    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - t.first_seen);
-    const std::string kind(name_of(t.by_rank[static_cast<std::size_t>(have.front())]->kind));
-    if (cfg_.stall_shutdown.count() > 0 && waited >= cfg_.stall_shutdown) {
-      stalled_out_.emplace_back(name, kind + " \"" + name + "\": " + rank_set(missing) + " did not submit it within " +
-                                          seconds_text(cfg_.stall_shutdown) + " (FLEXPAR_STALL_SHUTDOWN_S); " +
-                                          rank_set(have) + " had submitted it");
-      return true;
-    }
-    if (now - t.last_warning >= cfg_.stall_warning) {
-      t.last_warning = now;
-      log_("stall: " + kind + " \"" + name + "\" submitted by " + rank_set(have) + " has waited " +
-           seconds_text(waited) + " for " + rank_set(missing) + " (FLEXPAR_STALL_WARNING_S)");
-    }
-    return false;
-  }
-
-  /// Step 3 for one complete tensor: run it, or say why not.
-  response decide(const std::string& name, const table_entry& t) {
-    const int p = comm_.size();
-    response r;
-    r.name = name;
-    std::vector<int> present;
-    bool any_joined = false;
-    for (int k = 0; k < p; ++k) {
-      if (t.by_rank[static_cast<std::size_t>(k)])
-        present.push_back(k);
-      else
-        any_joined = true;
-    }
-    const description& first = *t.by_rank[static_cast<std::size_t>(present.front())];
-    // Steady state: every rank reported the cache slot, so the descriptions are the cached one and
-    // agree by construction; nothing to compare.
-    if (!any_joined && t.slot && std::all_of(t.by_slot.begin(), t.by_slot.end(), [](bool b) { return b; })) {
-      r.type = response_type::run_cached;
-      r.slot = *t.slot;
-      return r;
-    }
-    auto fail = [&](error_kind kind, std::string text) {
-      r.type = response_type::error;
-      r.error = kind;
-      r.text = std::move(text);
-      return r;
-    };
-    // Compare one field across the ranks that have the tensor; a difference is a mismatch naming
-    // each value and its ranks.
-    auto differs = [&](std::string_view field, auto value_of, auto print) -> std::optional<std::string> {
-      std::vector<std::pair<decltype(value_of(first)), std::vector<int>>> groups;
-      for (int k : present) {
-        const auto v = value_of(*t.by_rank[static_cast<std::size_t>(k)]);
-        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == v; });
-        if (it == groups.end())
-          groups.push_back({v, {k}});
-        else
-          it->second.push_back(k);
-      }
-      if (groups.size() == 1) return std::nullopt;
-      std::string text = std::string(name_of(first.kind)) + " \"" + name + "\": " + std::string(field) + " ";
-      for (std::size_t g = 0; g < groups.size(); ++g) {
-        if (g > 0) text += g + 1 == groups.size() ? " but " : ", ";
-        text += print(groups[g].first) + " on " + rank_set(groups[g].second);
-      }
-      return text;
-    };
-    if (auto m = differs(
-            "collective", [](const description& d) { return d.kind; },
-            [](collective_kind k) { return std::string(name_of(k)); })) {
-      // A different collective under one name: name the tensor without a collective in front.
-      return fail(error_kind::mismatch, "tensor \"" + name + "\": " + m->substr(m->find(": ") + 2));
-    }
-    if (auto m = differs(
-            "dtype", [](const description& d) { return d.type; }, [](dtype x) { return std::string(name_of(x)); }))
-      return fail(error_kind::mismatch, *m);
-    if (auto m = differs(
-            "memory", [](const description& d) { return d.memory; },
-            [](memory_kind k) { return std::string(name_of(k)); }))
-      return fail(error_kind::mismatch, *m);
-    if (first.kind != collective_kind::allgather)
-      if (auto m = differs(
-              "count", [](const description& d) { return d.count; }, [](std::uint64_t c) { return std::to_string(c); }))
-        return fail(error_kind::mismatch, *m);
-    if (first.kind == collective_kind::allreduce || first.kind == collective_kind::reduce_scatter)
-      if (auto m = differs(
-              "op", [](const description& d) { return d.op; }, [](reduce_op o) { return std::string(name_of(o)); }))
-        return fail(error_kind::mismatch, *m);
-    if (first.kind == collective_kind::broadcast) {
-      if (auto m = differs(
-              "root", [](const description& d) { return d.root; },
-              [](std::int32_t root) { return std::to_string(root); }))
-        return fail(error_kind::mismatch, *m);
-      if (first.root < 0 || first.root >= p)
-        return fail(error_kind::usage, "broadcast \"" + name + "\": root " + std::to_string(first.root) +
-                                           " is outside the " + std::to_string(p) + " ranks");
-      if (!t.by_rank[static_cast<std::size_t>(first.root)])
-        return fail(error_kind::usage, "broadcast \"" + name + "\": its root, rank " + std::to_string(first.root) +
-                                           ", has joined and has no data to send");
-    }
-    if (any_joined && first.kind != collective_kind::allreduce && first.kind != collective_kind::broadcast)
-      return fail(error_kind::usage, std::string(name_of(first.kind)) + " \"" + name +
-                                         "\" cannot run while a rank has joined (only allreduce and broadcast can)");
-    if (first.kind == collective_kind::alltoall && first.count % static_cast<std::uint64_t>(p) != 0)
-      return fail(error_kind::usage, "alltoall \"" + name + "\": count " + std::to_string(first.count) +
-                                         " is not divisible by the " + std::to_string(p) + " ranks");
-    // Run it: by slot when every rank that has it reported the same slot.
-    const bool by_slot = t.slot && std::all_of(present.begin(), present.end(),
-                                               [&](int k) { return t.by_slot[static_cast<std::size_t>(k)]; });
-    r.desc = first;
-    r.counts.resize(static_cast<std::size_t>(p));
-    for (int k = 0; k < p; ++k) {
-      const auto& d = t.by_rank[static_cast<std::size_t>(k)];
-      r.counts[static_cast<std::size_t>(k)] = d ? d->count : first.count;
-    }
-    if (by_slot) {
-      r.type = response_type::run_cached;
-      r.slot = *t.slot;
-    } else {
-      r.type = response_type::run_full;
-    }
-    return r;
-  }
-
-  // ---- step 5: running the responses ----------------------------------------------------------
-
-  /// Step 5 on every rank. Each allreduce gathers the later allreduces of the list that share its
-  /// dtype, op and memory kind, in list order, while they fit the fusion buffer: one fused run per
-  /// kind, whatever else the list interleaves (host and device gradients, two dtypes). Every rank
-  /// walks the same list the same way, so the runs and their order agree.
-  void execute(std::vector<response>& list, clock::time_point responded) {
-    std::vector<bool> taken(list.size(), false);
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      if (taken[i]) continue;
-      const response& r = list[i];
-      if (r.type == response_type::error) {
-        fail_one(r);
-        continue;
-      }
-      std::vector<response> group{r};
-      if (r.desc.kind == collective_kind::allreduce && cfg_.fusion_threshold > 0) {
-        std::size_t bytes = r.counts[0] * size_of(r.desc.type);
-        for (std::size_t j = i + 1; j < list.size(); ++j) {
-          const response& q = list[j];
-          if (taken[j] || q.type == response_type::error || q.desc.kind != collective_kind::allreduce ||
-              q.desc.type != r.desc.type || q.desc.op != r.desc.op || q.desc.memory != r.desc.memory)
-            continue;
-          const std::size_t more = q.counts[0] * size_of(q.desc.type);
-          if (bytes + more > cfg_.fusion_threshold) continue;
-          bytes += more;
-          group.push_back(q);
-          taken[j] = true;
-        }
-      }
-      run_group(group, responded);
-    }
-  }
-
-  void fail_one(const response& r) {
-    auto it = pending_.find(r.name);
-    if (it == pending_.end()) return;
-    std::exception_ptr e;
-    const std::string text = "[rank " + std::to_string(comm_.rank()) + "] " + r.text;
-    switch (r.error) {
-      case error_kind::mismatch: e = std::make_exception_ptr(mismatch_error(text)); break;
-      case error_kind::timeout: e = std::make_exception_ptr(timeout_error(text)); break;
-      case error_kind::usage: e = std::make_exception_ptr(usage_error(text)); break;
-    }
-    complete(it->second, e, 0);
+  std::shared_ptr<engine_entry> take(const std::string& name) override {
+    auto it = pending_.find(name);
+    if (it == pending_.end()) return nullptr;
+    std::shared_ptr<engine_entry> e = std::move(it->second);
     pending_.erase(it);
+    return e;
   }
 
-  /// Runs one response alone, or several fused allreduces through the fusion buffer.
-  void run_group(std::span<response> group, clock::time_point responded) {
-    const std::size_t me = static_cast<std::size_t>(comm_.rank());
-    std::vector<std::shared_ptr<engine_entry>> entries;  // null where this rank has joined
-    for (const response& r : group) {
-      auto it = pending_.find(r.name);
-      if (it == pending_.end()) {
-        entries.push_back(nullptr);
-      } else {
-        it->second->responded = responded;
-        entries.push_back(std::move(it->second));
-        pending_.erase(it);
-      }
-    }
-    if (group.front().desc.memory == memory_kind::cuda) return run_device_group(group, std::move(entries));
-    const clock::time_point begin = clock::now();
-    const response& first = group.front();
-    const dtype type = first.desc.type;
-    const std::size_t element = size_of(type);
-    std::exception_ptr failure;
-    std::size_t result_count = first.counts[me];
-    clock::time_point copied_in = begin, reduced = begin;
-    std::string algorithm_name;
-    bool local = false;
-    try {
-      if (group.size() > 1 || (!entries[0] && first.desc.kind == collective_kind::allreduce)) {
-        // Fused (or a joined rank's identity contribution): through the fusion buffer.
-        std::size_t total = 0;
-        for (const response& r : group) total += r.counts[me] * element;
-        if (fusion_.size() < total)
-          fusion_.resize(std::max(total, std::min(cfg_.fusion_threshold, std::size_t{64} << 20)));
-        std::size_t at = 0;
-        for (std::size_t k = 0; k < group.size(); ++k) {
-          const std::size_t bytes = group[k].counts[me] * element;
-          if (entries[k])
-            std::memcpy(fusion_.data() + at, entries[k]->in.data(), bytes);
-          else
-            fill_identity(type, first.desc.op, fusion_.data() + at, group[k].counts[me]);
-          at += bytes;
-        }
-        copied_in = clock::now();
-        algorithm_name = run_allreduce(comm_, type, fusion_.data(), total / element, first.desc.op);
-        reduced = clock::now();
-        at = 0;
-        for (std::size_t k = 0; k < group.size(); ++k) {
-          const std::size_t bytes = group[k].counts[me] * element;
-          if (entries[k]) std::memcpy(entries[k]->out.data(), fusion_.data() + at, bytes);
-          at += bytes;
-        }
-        std::lock_guard lock(stats_mutex_);
-        ++stats_.collectives;
-        if (group.size() > 1) ++stats_.fused_collectives;
-      } else {
-        algorithm_name = run_single(first, entries[0].get(), result_count);
-        copied_in = begin;
-        reduced = clock::now();
-        std::lock_guard lock(stats_mutex_);
-        ++stats_.collectives;
-      }
-    } catch (const local_failure&) {
-      failure = std::current_exception();
-      local = true;
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    const clock::time_point end = clock::now();
-    std::vector<std::size_t> counts;
-    for (std::size_t k = 0; k < group.size(); ++k) {
-      counts.push_back(group.size() > 1 ? group[k].counts[me] : result_count);
-      if (!entries[k]) continue;
-      engine_entry& e = *entries[k];
-      e.exec_begin = begin;
-      e.copied_in = copied_in;
-      e.reduced = reduced;
-      e.copied_out = end;
-      if (timeline_) record(e, group.size(), algorithm_name);
-    }
-    complete_all(entries, failure, counts);
-    // A collective that failed (not just one handle's output) leaves the ranks out of step: stop.
-    if (failure && !local) std::rethrow_exception(failure);
+  void complete(std::span<const std::shared_ptr<engine_entry>> entries, std::exception_ptr error,
+                std::span<const std::size_t> result_counts) override {
+    complete_all(entries, std::move(error), result_counts);
   }
 
-  // ---- device responses (desc.memory == cuda) ----------------------------------------------------
-
-  /// A device response in flight: its handles complete when the backend says its marker is done.
-  struct device_flight {
-    std::vector<std::shared_ptr<engine_entry>> entries;  // null where this rank has joined
-    std::vector<std::size_t> result_counts;
-    std::vector<std::exception_ptr> local;  // a failure of one handle (its output too small)
-    device_marker end;
-    std::string path;
-  };
-
-  /// How often the background thread asks whether device responses have finished.
-  static constexpr std::chrono::microseconds device_poll{50};
-
-  /// Hands one device response (a fused run of allreduces, or one collective) to the backend after
-  /// every tensor's producer; its handles complete in poll_device(). A rank that has joined takes part
-  /// with the identity (allreduce) or into scratch (broadcast). An output too small for the result
-  /// makes the backend write into scratch and fails only that handle, so that the ranks stay in step.
-  void run_device_group(std::span<response> group, std::vector<std::shared_ptr<engine_entry>> entries) {
-    const std::size_t me = static_cast<std::size_t>(comm_.rank());
-    const response& first = group.front();
-    if (!device_)
-      throw usage_error("[rank " + std::to_string(comm_.rank()) + "] engine: " + std::string(name_of(first.desc.kind)) +
-                        " \"" + first.name +
-                        "\" runs on device memory on the other ranks, but this rank's engine has no device backend");
-    device_flight flight;
-    std::vector<device_item> items;
-    const std::size_t p = static_cast<std::size_t>(comm_.size());
-    for (std::size_t k = 0; k < group.size(); ++k) {
-      const std::size_t count = group[k].counts[me];
-      std::size_t result = count;
-      if (first.desc.kind == collective_kind::allgather) {
-        result = 0;
-        for (auto c : group[k].counts) result += c;
-      } else if (first.desc.kind == collective_kind::reduce_scatter) {
-        result = count / p + (me < count % p ? 1 : 0);
-      }
-      flight.result_counts.push_back(group.size() > 1 ? count : result);
-      flight.local.emplace_back();
-      const auto& e = entries[k];
-      if (!e) {
-        items.push_back({nullptr, nullptr, count, nullptr});
-        continue;
-      }
-      void* out = e->device_out;
-      if (first.desc.kind != collective_kind::allreduce && first.desc.kind != collective_kind::broadcast &&
-          e->out_capacity < result) {
-        flight.local.back() = std::make_exception_ptr(
-            usage_error("[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(first.desc.kind)) + " \"" +
-                        e->name + "\": the output holds " + std::to_string(e->out_capacity) +
-                        " elements but the result has " + std::to_string(result)));
-        out = nullptr;  // the backend writes into scratch
-      }
-      items.push_back({static_cast<const std::byte*>(e->device_in), static_cast<std::byte*>(out), count, e->ready});
-    }
-    const clock::time_point begin = clock::now();
-    try {
-      flight.end = device_->run(first.desc.kind, first.desc.type, first.desc.op, first.desc.root, items, first.counts,
-                                flight.path);
-    } catch (...) {
-      const std::exception_ptr failure = std::current_exception();
-      complete_all(entries, failure, flight.result_counts);
-      throw;  // the ranks are out of step: the engine stops
-    }
-    for (const auto& e : entries) {
-      if (!e) continue;
-      {
-        std::lock_guard lock(e->mutex);
-        e->end = flight.end;
-        e->enqueued = true;
-        e->exec_begin = begin;
-      }
-      e->finished_cv.notify_all();
-    }
-    {
-      std::lock_guard lock(stats_mutex_);
-      ++stats_.collectives;
-      if (group.size() > 1) ++stats_.fused_collectives;
-    }
-    flight.entries = std::move(entries);
-    in_flight_.push_back(std::move(flight));
-  }
-
-  /// Completes the device responses whose GPU work has finished (in order: a stream runs in order).
-  void poll_device() {
-    while (!in_flight_.empty()) {
-      device_flight& f = in_flight_.front();
-      bool finished = false;
-      std::exception_ptr failure;
-      try {
-        finished = device_->done(f.end);
-      } catch (...) {
-        failure = std::current_exception();
-        finished = true;
-      }
-      if (!finished) return;
-      const clock::time_point now = clock::now();
-      if (timeline_ && !failure) {
-        const device_phases ph = device_->phases(f.end);
-        auto before = [&](clock::time_point t, float ms) {
-          return t - std::chrono::duration_cast<clock::duration>(std::chrono::duration<double, std::milli>(ms));
-        };
-        for (const auto& e : f.entries) {
-          if (!e) continue;
-          e->copied_out = now;
-          e->reduced = before(now, ph.copy_out);
-          e->copied_in = before(e->reduced, ph.collective);
-          e->exec_begin = std::min(e->exec_begin, before(e->copied_in, ph.copy_in));
-          record(*e, f.entries.size(), "cuda " + f.path);
-        }
-      }
-      for (std::size_t k = 0; k < f.entries.size(); ++k) {
-        if (!f.entries[k]) continue;
-        const std::exception_ptr error = failure ? failure : f.local[k];
-        complete_all(std::span(&f.entries[k], 1), error, std::span(&f.result_counts[k], 1));
-      }
-      in_flight_.pop_front();
-      if (failure) std::rethrow_exception(failure);
-    }
-  }
-
-  /// At the end: waits (at most `bound`) for the device responses in flight, so that no handle
-  /// completes while the GPU may still write its output.
-  void drain_device(std::chrono::milliseconds bound) {
-    const deadline until = deadline_after(bound);
-    while (!in_flight_.empty() && clock::now() < until) {
-      poll_device();
-      if (!in_flight_.empty()) std::this_thread::sleep_for(device_poll);
-    }
-  }
-
-  /// A response that runs on its own, in place (no fusion-buffer copies).
-  std::string run_single(const response& r, engine_entry* e, std::size_t& result_count) {
-    const std::size_t me = static_cast<std::size_t>(comm_.rank());
-    const std::size_t element = size_of(r.desc.type);
-    const std::size_t count = r.counts[me];
-    switch (r.desc.kind) {
-      case collective_kind::allreduce:
-        if (e->in.data() != e->out.data()) std::memcpy(e->out.data(), e->in.data(), count * element);
-        return run_allreduce(comm_, r.desc.type, e->out.data(), count, r.desc.op);
-      case collective_kind::broadcast: {
-        std::byte* data = e ? e->out.data() : scratch(count * element);
-        return run_broadcast(comm_, r.desc.type, data, count, r.desc.root);
-      }
-      case collective_kind::allgather: {
-        std::size_t total = 0;
-        for (auto c : r.counts) total += c;
-        result_count = total;
-        const bool fits = e->out.size() >= total * element;
-        std::byte* out = fits ? e->out.data() : scratch(total * element);
-        std::vector<std::size_t> counts(r.counts.begin(), r.counts.end());
-        std::string name = run_allgather(comm_, r.desc.type, e->in.data(), out, counts);
-        if (!fits) throw_too_small(*e, e->out.size() / element, total);
-        return name;
-      }
-      case collective_kind::reduce_scatter: {
-        const std::size_t p = static_cast<std::size_t>(comm_.size());
-        const std::size_t mine = count / p + (me < count % p ? 1 : 0);
-        result_count = mine;
-        const bool fits = e->out.size() >= mine * element;
-        std::byte* out = fits ? e->out.data() : scratch(mine * element);
-        std::string name = run_reduce_scatter(comm_, r.desc.type, e->in.data(), out, count, r.desc.op);
-        if (!fits) throw_too_small(*e, e->out.size() / element, mine);
-        return name;
-      }
-      case collective_kind::alltoall: {
-        const bool fits = e->out.size() >= count * element;
-        std::byte* out = fits ? e->out.data() : scratch(count * element);
-        std::string name = run_alltoall(comm_, r.desc.type, e->in.data(), out, count);
-        if (!fits) throw_too_small(*e, e->out.size() / element, count);
-        return name;
-      }
-    }
-    return {};
-  }
-
-  [[noreturn]] void throw_too_small(const engine_entry& e, std::size_t room, std::size_t needed) const {
-    // The collective ran (into scratch) so that the other ranks finish; only this handle fails.
-    throw local_failure(usage_error("[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(e.desc.kind)) +
-                                    " \"" + e.name + "\": the output holds " + std::to_string(room) +
-                                    " elements but the result has " + std::to_string(needed)));
-  }
-
-  /// An error of one handle that leaves the ranks in step (the collective itself completed).
-  struct local_failure : usage_error {
-    explicit local_failure(const usage_error& e) : usage_error(e) {}
-  };
-
-  std::byte* scratch(std::size_t bytes) {
-    if (scratch_.size() < bytes) scratch_.resize(bytes);
-    return scratch_.data();
-  }
-
-  void record(const engine_entry& e, std::size_t fused, const std::string& algorithm_name) {
-    timeline_->span(e.name, "NEGOTIATE", e.submitted, e.responded, {{"collective", std::string(name_of(e.desc.kind))}});
-    timeline_->span(e.name, "QUEUE", e.responded, e.exec_begin);
-    if (fused > 1 || e.copied_in != e.exec_begin)
-      timeline_->span(e.name, "MEMCPY_IN_FUSION_BUFFER", e.exec_begin, e.copied_in);
-    std::string upper(name_of(e.desc.kind));
-    std::transform(upper.begin(), upper.end(), upper.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
-    timeline_->span(e.name, upper, e.copied_in, e.reduced,
-                    {{"algorithm", algorithm_name},
-                     {"tensors", std::to_string(fused)},
-                     {"dtype", std::string(name_of(e.desc.type))},
-                     {"count", std::to_string(e.desc.count)}});
-    if (fused > 1 || e.copied_in != e.exec_begin)
-      timeline_->span(e.name, "MEMCPY_OUT_FUSION_BUFFER", e.reduced, e.copied_out);
+  void ran(std::size_t tensors) override {
+    std::lock_guard lock(stats_mutex_);
+    ++stats_.collectives;
+    if (tensors > 1) ++stats_.fused_collectives;
   }
 
   void complete(const std::shared_ptr<engine_entry>& e, std::exception_ptr error, std::size_t result_count) {
@@ -1149,15 +418,6 @@ class engine_core {
       if (e && e->done) e->done(handle(e), error);
   }
 
-  /// drain_device for a failing engine: a second error while waiting changes nothing.
-  void drain_device_quietly() {
-    try {
-      drain_device(std::min<std::chrono::milliseconds>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout), std::chrono::seconds(10)));
-    } catch (...) {
-    }
-  }
-
   void fail_everything(std::exception_ptr error) {
     std::deque<std::shared_ptr<engine_entry>> fresh;
     {
@@ -1166,11 +426,9 @@ class engine_core {
       fresh.swap(fresh_);
     }
     join_cv_.notify_all();
-    drain_device_quietly();
-    for (auto& f : in_flight_)
-      for (const auto& e : f.entries)
-        if (e) complete(e, error, 0);
-    in_flight_.clear();
+    executor_.abandon(error, std::min<std::chrono::milliseconds>(
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout),
+                                 std::chrono::seconds(10)));
     for (auto& [name, e] : pending_) complete(e, error, 0);
     pending_.clear();
     for (auto& e : fresh) complete(e, error, 0);
@@ -1201,18 +459,11 @@ class engine_core {
 
   // background thread only
   std::unordered_map<std::string, std::shared_ptr<engine_entry>> pending_;
-  std::vector<cache_entry> cache_;
-  std::unordered_map<std::string, std::uint32_t> cache_slot_;
+  response_cache cache_{cfg_.cache_capacity};
   bool joined_ = false;
-  std::vector<std::byte> fusion_, scratch_;
-  std::deque<device_flight> in_flight_;  // device responses enqueued, not yet finished
+  fused_executor executor_{comm_, cfg_.fusion_threshold, device_, timeline_ ? &*timeline_ : nullptr, *this};
 
-  // coordinator only
-  std::unordered_map<std::string, table_entry> table_;  // completion order comes from table_entry::order
-  std::vector<std::pair<std::string, std::string>> stalled_out_;
-  std::vector<bool> joined_ranks_, shutdown_ranks_;
-  int last_joined_rank_ = -1;
-  std::uint64_t next_order_ = 0;
+  std::optional<coordinator> coordinator_;  // rank 0 only
 
   std::thread thread_;         // started after everything above exists
   finalize_hook at_finalize_;  // last: unregistered first, before the thread stops

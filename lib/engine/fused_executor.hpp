@@ -1,0 +1,109 @@
+// lib/engine/fused_executor.hpp — step 5 of the protocol in include/flexpar/engine/engine.hpp: runs a
+// response list on a communicator. Compatible allreduces go through the fusion buffer as one
+// collective, the other responses run one by one, device responses go to the device backend, and
+// every tensor ends through the owner (the engine) that handed it in.
+//
+// Every rank runs the same list through the same plan (plan_fusion), so the collectives and their
+// order agree on every rank without a message.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <flexpar/comm/communicator.hpp>
+#include <flexpar/engine/device_backend.hpp>
+#include <flexpar/timeline.hpp>
+
+#include "entry.hpp"
+#include "protocol.hpp"
+
+namespace flexpar::detail {
+
+/// The runs of a response list, as indices into it, in the order they run: each allreduce gathers
+/// the later allreduces of the list that share its dtype, op and memory kind, in list order, while
+/// they fit `fusion_threshold` bytes (0: no fusion); every other response runs alone. One fused run
+/// per kind, whatever else the list interleaves (host and device gradients, two dtypes).
+std::vector<std::vector<std::size_t>> plan_fusion(std::span<const response> list, std::size_t fusion_threshold);
+
+class fused_executor {
+ public:
+  /// What the executor needs from the engine: this rank's pending tensors, and where they end.
+  class owner {
+   public:
+    /// Takes this rank's pending tensor `name` out of its pending set; null when this rank has none
+    /// (it has joined: it contributes the identity, or receives into scratch).
+    virtual std::shared_ptr<engine_entry> take(const std::string& name) = 0;
+    /// Completes `entries` (null ones skipped) with `error` (null on success) and their result counts.
+    virtual void complete(std::span<const std::shared_ptr<engine_entry>> entries, std::exception_ptr error,
+                          std::span<const std::size_t> result_counts) = 0;
+    /// A collective ran that carried `tensors` tensors (the statistics).
+    virtual void ran(std::size_t tensors) = 0;
+
+   protected:
+    ~owner() = default;
+  };
+
+  /// How often the background thread asks whether device responses have finished.
+  static constexpr std::chrono::microseconds device_poll{50};
+
+  /// `device` (may be null) runs device responses; `trace` (may be null) records each tensor's
+  /// phases. `comm`, `device`, `trace` and `to` must outlive the executor.
+  fused_executor(communicator& comm, std::size_t fusion_threshold, device_backend* device, timeline* trace,
+                 owner& to);
+
+  /// Step 5 on this rank: runs `list` (the responses of one cycle, received at `responded`).
+  /// @throws what a failed collective threw (the ranks are out of step then: the engine stops);
+  ///         an error of one tensor only (its output too small) completes that tensor and goes on.
+  void execute(std::span<const response> list, clock::time_point responded);
+
+  /// True while device responses are enqueued and not yet seen finished.
+  [[nodiscard]] bool device_in_flight() const noexcept { return !in_flight_.empty(); }
+  /// Completes the device responses whose GPU work has finished (in order: a stream runs in order).
+  void poll_device();
+  /// Waits (at most `bound`) for the device responses in flight, so that no handle completes while
+  /// the GPU may still write its output.
+  void drain_device(std::chrono::milliseconds bound);
+  /// For a failing engine: drains (at most `bound`; a second error changes nothing), then completes
+  /// every device response still in flight with `error`.
+  void abandon(std::exception_ptr error, std::chrono::milliseconds bound);
+
+ private:
+  /// A device response in flight: its handles complete when the backend says its marker is done.
+  struct device_flight {
+    std::vector<std::shared_ptr<engine_entry>> entries;  // null where this rank has joined
+    std::vector<std::size_t> result_counts;
+    std::vector<std::exception_ptr> local;  // a failure of one handle (its output too small)
+    device_marker end;
+    std::string path;
+  };
+  /// When the phases of a host run began and ended (the timeline's spans).
+  struct phase_times {
+    clock::time_point copied_in, reduced;
+  };
+
+  void fail_one(const response& r);
+  void run_group(std::span<const response> group, clock::time_point responded);
+  std::string run_fused(std::span<const response> group, std::span<const std::shared_ptr<engine_entry>> entries,
+                        phase_times& times);
+  std::string run_single(const response& r, engine_entry* e, std::size_t& result_count);
+  void run_device_group(std::span<const response> group, std::vector<std::shared_ptr<engine_entry>> entries);
+  [[noreturn]] void throw_too_small(const engine_entry& e, std::size_t room, std::size_t needed) const;
+  std::byte* scratch(std::size_t bytes);
+  void record(const engine_entry& e, std::size_t fused, const std::string& algorithm_name);
+
+  communicator& comm_;
+  std::size_t fusion_threshold_;
+  device_backend* device_;
+  timeline* trace_;
+  owner& owner_;
+  std::vector<std::byte> fusion_, scratch_;
+  std::deque<device_flight> in_flight_;  // device responses enqueued, not yet finished
+};
+
+}  // namespace flexpar::detail
