@@ -12,7 +12,7 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/transport/inproc.hpp>
+#include <flexpar/comm/run_in_process.hpp>
 
 #include "oracle.hpp"
 #include "support/test_config.hpp"
