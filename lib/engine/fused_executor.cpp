@@ -135,9 +135,10 @@ std::string fused_executor::run_fused(std::span<const response> group,
   std::size_t at = 0;
   for (std::size_t k = 0; k < group.size(); ++k) {
     const std::size_t bytes = group[k].counts[me] * element;
-    if (entries[k])
-      std::memcpy(fusion_.data() + at, entries[k]->in.data(), bytes);
-    else
+    if (entries[k]) {
+      // data() of an empty span may be null, which memcpy may not be given even for 0 bytes
+      if (bytes != 0) std::memcpy(fusion_.data() + at, entries[k]->in.data(), bytes);
+    } else
       fill_identity(type, first.desc.op, fusion_.data() + at, group[k].counts[me]);
     at += bytes;
   }
@@ -147,7 +148,7 @@ std::string fused_executor::run_fused(std::span<const response> group,
   at = 0;
   for (std::size_t k = 0; k < group.size(); ++k) {
     const std::size_t bytes = group[k].counts[me] * element;
-    if (entries[k]) std::memcpy(entries[k]->out.data(), fusion_.data() + at, bytes);
+    if (entries[k] && bytes != 0) std::memcpy(entries[k]->out.data(), fusion_.data() + at, bytes);
     at += bytes;
   }
   return algorithm_name;
@@ -271,7 +272,7 @@ std::string fused_executor::run_single(const response& r, engine_entry* e, std::
   const std::size_t count = r.counts[me];
   switch (r.desc.kind) {
     case collective_kind::allreduce:
-      if (e->in.data() != e->out.data()) std::memcpy(e->out.data(), e->in.data(), count * element);
+      if (count != 0 && e->in.data() != e->out.data()) std::memcpy(e->out.data(), e->in.data(), count * element);
       return run_allreduce(comm_, r.desc.type, e->out.data(), count, r.desc.op);
     case collective_kind::broadcast: {
       std::byte* data = e ? e->out.data() : scratch(count * element);
