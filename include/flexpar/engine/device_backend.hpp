@@ -40,7 +40,7 @@ struct device_item {
 /// How long the phases of a finished device response took on the GPU (CUDA events), in ms.
 struct device_phases {
   float copy_in = 0;  ///< into the fusion buffer (0 for one tensor)
-  float collective = 0;
+  float collective = 0;  ///< the device collective itself
   float copy_out = 0;  ///< out of the fusion buffer
 };
 
