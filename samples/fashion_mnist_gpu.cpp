@@ -12,10 +12,10 @@
 //   mpiexec.mpich -n 2 build/samples/fashion_mnist_gpu --epochs 10 --sync engine --wire bf16
 //
 // Each rank keeps its shard of the data set on its GPU and gathers every batch there; all gradients
-// are one device buffer, reduced by one allreduce per step (`--sync collective`) or per layer. One line per epoch (loss, accuracies,
-// median step time), then the final test accuracy and a check that every rank holds the same weights.
-// Exit status: 0, 1 (an error, or --min-accuracy not met), 2 (bad command line), 77 (no data set or no
-// GPU: ctest counts it as skipped).
+// are one device buffer, reduced by one allreduce per step (`--sync collective`) or per layer. One line per epoch
+// (loss, accuracies, median step time), then the final test accuracy and a check that every rank holds the same
+// weights. Exit status: 0, 1 (an error, or --min-accuracy not met), 2 (bad command line), 77 (no data set or no GPU:
+// ctest counts it as skipped).
 #include <mpi.h>
 #include <CLI/CLI.hpp>
 
@@ -129,9 +129,8 @@ int train(const settings& opt) {
     // [snippet:device_gradient_sync]
     backend.emplace(gpu);  // runs the engine's device responses on gpu
     eng.emplace(comm, std::nullopt, flexpar::log_sink{}, &*backend);
-    sync.emplace(*eng, flexpar::gradient_sync_options{
-                           .compression = opt.wire == "bf16" ? flexpar::wire_compression::bf16
-                                                             : flexpar::wire_compression::none});
+    const auto wire = opt.wire == "bf16" ? flexpar::wire_compression::bf16 : flexpar::wire_compression::none;
+    sync.emplace(*eng, flexpar::gradient_sync_options{.compression = wire});
     for (std::size_t l = 0; l < model.layers(); ++l) {  // device spans: parameter and gradient
       fc::register_parameter(*sync, names[l][0], model.weight(l), model.weight_grad(l));
       fc::register_parameter(*sync, names[l][1], model.bias(l), model.bias_grad(l));
@@ -141,16 +140,17 @@ int train(const settings& opt) {
   }
 
   if (rank == 0) {
-    const auto c = gpu.choose("allreduce", model.parameters().size() * sizeof(float));
+    const std::string how =
+        by_engine
+            ? "gradient_sync over the engine, " + opt.wire + " on the wire"
+            : "one allreduce per step on path " + std::string(fc::name_of(path)) + " (automatic: " +
+                  std::string(fc::name_of(gpu.choose("allreduce", model.parameters().size() * sizeof(float)).path)) +
+                  ")";
     std::printf(
         "fashion_mnist_gpu: %d ranks on %d GPU(s), MLP 784-256-128-10 (%zu parameters), %zu images per rank, batch "
         "%zu per rank, %zu steps per epoch, sgd lr %g momentum %g (%s), gradients by %s\n",
         size, devices, model.parameters().size(), train_set.count, opt.batch, steps_per_epoch,
-        static_cast<double>(opt.lr), static_cast<double>(opt.momentum), opt.schedule.c_str(),
-        by_engine ? ("gradient_sync over the engine, " + opt.wire + " on the wire").c_str()
-                  : ("one allreduce per step on path " + std::string(fc::name_of(path)) + " (automatic: " +
-                     std::string(fc::name_of(c.path)) + ")")
-                        .c_str());
+        static_cast<double>(opt.lr), static_cast<double>(opt.momentum), opt.schedule.c_str(), how.c_str());
     std::fflush(stdout);
   }
 

@@ -390,8 +390,10 @@ void convert(dtype from, const void* in, dtype to, void* out, std::size_t count,
   }
   if (from == dtype::f32 && to == dtype::f16) return detail::launch_convert<float, half>(in, out, count, factor, s);
   if (from == dtype::f16 && to == dtype::f32) return detail::launch_convert<half, float>(in, out, count, factor, s);
-  if (from == dtype::f32 && to == dtype::bf16) return detail::launch_convert<float, bfloat16>(in, out, count, factor, s);
-  if (from == dtype::bf16 && to == dtype::f32) return detail::launch_convert<bfloat16, float>(in, out, count, factor, s);
+  if (from == dtype::f32 && to == dtype::bf16)
+    return detail::launch_convert<float, bfloat16>(in, out, count, factor, s);
+  if (from == dtype::bf16 && to == dtype::f32)
+    return detail::launch_convert<bfloat16, float>(in, out, count, factor, s);
   throw usage_error("cuda::convert: " + std::string(name_of(from)) + " to " + std::string(name_of(to)) +
                     " is not supported (a type to itself, or f32 to and from f16 and bf16)");
 }

@@ -73,8 +73,8 @@ std::optional<std::string> misuse_of(const std::string& name, const table_row& t
                                      bool any_joined, int p) {
   if (first.kind == collective_kind::broadcast) {
     if (first.root < 0 || first.root >= p)
-      return "broadcast \"" + name + "\": root " + std::to_string(first.root) + " is outside the " +
-             std::to_string(p) + " ranks";
+      return "broadcast \"" + name + "\": root " + std::to_string(first.root) + " is outside the " + std::to_string(p) +
+             " ranks";
     if (!t.by_rank[static_cast<std::size_t>(first.root)])
       return "broadcast \"" + name + "\": its root, rank " + std::to_string(first.root) +
              ", has joined and has no data to send";
@@ -99,8 +99,7 @@ response error_response(const std::string& name, error_kind kind, std::string te
 
 }  // namespace
 
-coordinator::coordinator(int ranks, const response_cache& cache, stall_inspector stalls, log_sink log,
-                         timeline* marks)
+coordinator::coordinator(int ranks, const response_cache& cache, stall_inspector stalls, log_sink log, timeline* marks)
     : ranks_(ranks),
       cache_(cache),
       stalls_(stalls),

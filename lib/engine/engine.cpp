@@ -259,13 +259,9 @@ class engine_core final : private fused_executor::owner {
           std::unique_lock lock(mutex_);
           sleeping_ = true;
           // While device responses are in flight, wake every poll interval to complete them.
-          while (!wake_.wait_until(lock,
-                                   executor_.device_in_flight()
-                                       ? std::min(next, clock::now() + fused_executor::device_poll)
-                                       : next,
-                                   [&] {
-            return !fresh_.empty() || shutdown_requested_ || (join_requested_ && !joined_);
-          })) {
+          while (!wake_.wait_until(
+              lock, executor_.device_in_flight() ? std::min(next, clock::now() + fused_executor::device_poll) : next,
+              [&] { return !fresh_.empty() || shutdown_requested_ || (join_requested_ && !joined_); })) {
             if (clock::now() >= next) break;
             lock.unlock();
             executor_.poll_device();
@@ -426,9 +422,9 @@ class engine_core final : private fused_executor::owner {
       fresh.swap(fresh_);
     }
     join_cv_.notify_all();
-    executor_.abandon(error, std::min<std::chrono::milliseconds>(
-                                 std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout),
-                                 std::chrono::seconds(10)));
+    executor_.abandon(
+        error, std::min<std::chrono::milliseconds>(std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout),
+                                                   std::chrono::seconds(10)));
     for (auto& [name, e] : pending_) complete(e, error, 0);
     pending_.clear();
     for (auto& e : fresh) complete(e, error, 0);

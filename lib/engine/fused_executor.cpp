@@ -331,10 +331,10 @@ void fused_executor::record(const engine_entry& e, std::size_t fused, const std:
   std::transform(upper.begin(), upper.end(), upper.begin(),
                  [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
   trace_->span(e.name, upper, e.copied_in, e.reduced,
-                  {{"algorithm", algorithm_name},
-                   {"tensors", std::to_string(fused)},
-                   {"dtype", std::string(name_of(e.desc.type))},
-                   {"count", std::to_string(e.desc.count)}});
+               {{"algorithm", algorithm_name},
+                {"tensors", std::to_string(fused)},
+                {"dtype", std::string(name_of(e.desc.type))},
+                {"count", std::to_string(e.desc.count)}});
   if (fused > 1 || e.copied_in != e.exec_begin)
     trace_->span(e.name, "MEMCPY_OUT_FUSION_BUFFER", e.reduced, e.copied_out);
 }

@@ -54,8 +54,7 @@ class fused_executor {
 
   /// `device` (may be null) runs device responses; `trace` (may be null) records each tensor's
   /// phases. `comm`, `device`, `trace` and `to` must outlive the executor.
-  fused_executor(communicator& comm, std::size_t fusion_threshold, device_backend* device, timeline* trace,
-                 owner& to);
+  fused_executor(communicator& comm, std::size_t fusion_threshold, device_backend* device, timeline* trace, owner& to);
 
   /// Step 5 on this rank: runs `list` (the responses of one cycle, received at `responded`).
   /// @throws what a failed collective threw (the ranks are out of step then: the engine stops);

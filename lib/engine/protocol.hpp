@@ -39,7 +39,7 @@ struct reported_tensor {
 struct report {
   bool joined = false;
   bool shutting_down = false;
-  std::vector<std::uint32_t> slots;    // tensors the rank has, by response-cache slot
+  std::vector<std::uint32_t> slots;   // tensors the rank has, by response-cache slot
   std::vector<reported_tensor> full;  // tensors the rank has, in full
 };
 

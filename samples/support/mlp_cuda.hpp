@@ -126,8 +126,7 @@ class mlp_cuda {
       const std::size_t in = widths_[l], out = widths_[l + 1];
       const cuda::device_span<const float> dz(activation(l, batch));
       const cuda::device_span<const float> a = l == 0 ? x : cuda::device_span<const float>(activation(l - 1, batch));
-      blas_.gemm(cuda::transpose::yes, cuda::transpose::no, in, out, batch, 1.0f, a, dz, 0.0f,
-                 weight_grad(l), s);
+      blas_.gemm(cuda::transpose::yes, cuda::transpose::no, in, out, batch, 1.0f, a, dz, 0.0f, weight_grad(l), s);
       blas_.column_sums(batch, out, dz, bias_grad(l), s);
       if (done) done(l);
       if (l == 0) break;

@@ -203,8 +203,9 @@ struct coordinator_fixture {
   explicit coordinator_fixture(int ranks, milliseconds warning = milliseconds(60000),
                                milliseconds shutdown = milliseconds(300000))
       : p(ranks),
-        co(ranks, cache, stall_inspector(warning, shutdown), [this](std::string_view l) { log.emplace_back(l); },
-           nullptr) {}
+        co(
+            ranks, cache, stall_inspector(warning, shutdown), [this](std::string_view l) { log.emplace_back(l); },
+            nullptr) {}
 
   /// One cycle: `by_rank[r]` are the tensors rank r reports in full.
   response_list cycle(const std::vector<std::vector<reported_tensor>>& by_rank, milliseconds at = milliseconds(0),
@@ -298,8 +299,7 @@ TEST(coordinator, a_mismatch_names_the_field_and_which_ranks_hold_which_value) {
   EXPECT_EQ(f.mismatch("k", allreduce_of(4), of_kind(collective_kind::allgather, 4)),
             "tensor \"k\": collective allreduce on ranks {0,2} but allgather on rank {1}");
   // Three values: each with its ranks, the last after "but".
-  const response_list three =
-      f.cycle({{{"t", allreduce_of(1)}}, {{"t", allreduce_of(2)}}, {{"t", allreduce_of(3)}}});
+  const response_list three = f.cycle({{{"t", allreduce_of(1)}}, {{"t", allreduce_of(2)}}, {{"t", allreduce_of(3)}}});
   ASSERT_EQ(three.responses.size(), 1u);
   EXPECT_EQ(three.responses[0].text, "allreduce \"t\": count 1 on rank {0}, 2 on rank {1} but 3 on rank {2}");
   // An allgather's counts may differ.
@@ -334,16 +334,20 @@ TEST(coordinator, a_joined_rank_counts_as_having_every_tensor_until_every_rank_j
   EXPECT_EQ(one.responses[0].counts, (std::vector<std::uint64_t>{5, 5, 5}));
   EXPECT_FALSE(one.all_joined);
   // Only allreduce and broadcast can run with a joined rank; a broadcast whose root joined cannot.
-  const response_list two = f.cycle({{{"g", of_kind(collective_kind::allgather, 1)}, {"b", [] {
-                                        description d = of_kind(collective_kind::broadcast, 1);
-                                        d.root = 2;
-                                        return d;
-                                      }()}},
-                                     {{"g", of_kind(collective_kind::allgather, 1)}, {"b", [] {
-                                        description d = of_kind(collective_kind::broadcast, 1);
-                                        d.root = 2;
-                                        return d;
-                                      }()}},
+  const response_list two = f.cycle({{{"g", of_kind(collective_kind::allgather, 1)},
+                                      {"b",
+                                       [] {
+                                         description d = of_kind(collective_kind::broadcast, 1);
+                                         d.root = 2;
+                                         return d;
+                                       }()}},
+                                     {{"g", of_kind(collective_kind::allgather, 1)},
+                                      {"b",
+                                       [] {
+                                         description d = of_kind(collective_kind::broadcast, 1);
+                                         d.root = 2;
+                                         return d;
+                                       }()}},
                                      {}});
   ASSERT_EQ(two.responses.size(), 2u);
   EXPECT_EQ(two.responses[0].text,
@@ -392,10 +396,11 @@ TEST(coordinator, a_stalled_tensor_is_logged_then_answered_with_a_timeout_after_
   f.cycle({{{"late", allreduce_of(2)}}, {}, {{"late", allreduce_of(2)}}});
   f.cycle({}, milliseconds(150));
   ASSERT_EQ(f.log.size(), 1u);
-  EXPECT_EQ(f.log[0], "stall: allreduce \"late\" submitted by ranks {0,2} has waited 0.15 s for rank {1} "
-                      "(FLEXPAR_STALL_WARNING_S)");
-  const response_list out = f.cycle({{{"ok", allreduce_of(1)}}, {{"ok", allreduce_of(1)}}, {{"ok", allreduce_of(1)}}},
-                                    milliseconds(1000));
+  EXPECT_EQ(f.log[0],
+            "stall: allreduce \"late\" submitted by ranks {0,2} has waited 0.15 s for rank {1} "
+            "(FLEXPAR_STALL_WARNING_S)");
+  const response_list out =
+      f.cycle({{{"ok", allreduce_of(1)}}, {{"ok", allreduce_of(1)}}, {{"ok", allreduce_of(1)}}}, milliseconds(1000));
   ASSERT_EQ(out.responses.size(), 2u);
   EXPECT_EQ(out.responses[0].name, "ok");
   EXPECT_EQ(out.responses[1].name, "late");
@@ -474,8 +479,8 @@ response run_of(std::string name, description d, int p) {
 }
 
 TEST(plan_fusion, compatible_allreduces_run_together_in_list_order_and_the_rest_alone) {
-  description f32 = allreduce_of(10), f64 = allreduce_of(10, dtype::f64), max = allreduce_of(10, dtype::f32,
-                                                                                              reduce_op::max);
+  description f32 = allreduce_of(10), f64 = allreduce_of(10, dtype::f64),
+              max = allreduce_of(10, dtype::f32, reduce_op::max);
   description on_device = f32;
   on_device.memory = memory_kind::cuda;
   response failed;

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include <flexpar/cuda/collective.hpp>
 #include <flexpar/comm/run_in_process.hpp>
+#include <flexpar/cuda/collective.hpp>
 
 #include "gpu/device_io.hpp"
 #include "support/test_config.hpp"

@@ -10,9 +10,9 @@
 #include <numeric>
 #include <vector>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/cuda/engine.hpp>
 #include <flexpar/engine/engine.hpp>
-#include <flexpar/comm/run_in_process.hpp>
 
 #include "gpu/device_io.hpp"
 #include "support/test_config.hpp"

@@ -13,9 +13,9 @@
 #include <random>
 #include <sstream>
 
+#include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/cuda/engine.hpp>
 #include <flexpar/engine/gradient_sync.hpp>
-#include <flexpar/comm/run_in_process.hpp>
 
 #include "gpu/device_io.hpp"
 
@@ -94,11 +94,12 @@ void fused_gradients(flexpar::communicator& comm, int gpu_index, fc::device_opti
 /// A gradient_sync of device parameters on thread ranks sharing GPU 0 (the ipc path, no NCCL).
 struct device_sync {
   device_sync(flexpar::communicator& comm, flexpar::gradient_sync_options options)
-      : gpu(comm, 0, [] {
-          fc::device_options o;
-          o.use_nccl = false;
-          return o;
-        }()),
+      : gpu(comm, 0,
+            [] {
+              fc::device_options o;
+              o.use_nccl = false;
+              return o;
+            }()),
         backend(gpu),
         eng(comm, engine_config(), {}, &backend),
         sync(eng, options) {}

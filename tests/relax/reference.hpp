@@ -16,9 +16,9 @@
 
 #include <flexpar/collective/context.hpp>
 #include <flexpar/compress/minmax_uint8.hpp>
-#include <flexpar/relax/relaxation.hpp>
 #include <flexpar/relax/decentralized.hpp>
 #include <flexpar/relax/optimizer.hpp>
+#include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::testing_support {
 

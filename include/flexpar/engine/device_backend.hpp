@@ -39,9 +39,9 @@ struct device_item {
 
 /// How long the phases of a finished device response took on the GPU (CUDA events), in ms.
 struct device_phases {
-  float copy_in = 0;  ///< into the fusion buffer (0 for one tensor)
+  float copy_in = 0;     ///< into the fusion buffer (0 for one tensor)
   float collective = 0;  ///< the device collective itself
-  float copy_out = 0;  ///< out of the fusion buffer
+  float copy_out = 0;    ///< out of the fusion buffer
 };
 
 /// The engine's device side (see the top of this file).
