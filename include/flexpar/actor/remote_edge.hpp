@@ -89,14 +89,8 @@ class remote_end : public actor_node {
   [[noreturn]] void throw_peer_failure() {
     peer_aborted_ = true;
     finished_ = true;
-    std::string text = "[rank ";
-    text += std::to_string(rank());
-    text += "] actor edge '";
-    text += label();
-    text += "': rank ";
-    text += std::to_string(peer_);
-    text += " stopped its graph (an actor failed there or its deadline passed)";
-    throw peer_failure(text);
+    throw error_on<peer_failure>(rank(), "", "actor edge '", label(), "': rank ", peer_,
+                                 " stopped its graph (an actor failed there or its deadline passed)");
   }
 
   int peer_;
@@ -217,15 +211,8 @@ class remote_sender final : public remote_end {
     return t.isend(peer_, message_tag_, std::as_bytes(std::span(&abort_header_, 1)));
   }
   [[noreturn]] void throw_protocol(const char* what) const {
-    std::string text = "[rank ";
-    text += std::to_string(rank());
-    text += "] actor edge '";
-    text += label();
-    text += "': rank ";
-    text += std::to_string(peer_);
-    text += " sent ";
-    text += what;
-    throw transport_error("flexpar", 0, text);
+    throw transport_error("flexpar", 0,
+                          error_text(rank(), "", "actor edge '", label(), "': rank ", peer_, " sent ", what));
   }
   struct in_flight {
     regst_base* reg = nullptr;
