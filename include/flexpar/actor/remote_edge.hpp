@@ -210,9 +210,10 @@ class remote_sender final : public remote_end {
   request send_abort(transport& t) override {
     return t.isend(peer_, message_tag_, std::as_bytes(std::span(&abort_header_, 1)));
   }
+  // A breach of the edge's own protocol is a bug or a corrupted message, not a failed library
+  // call: a plain flexpar::error (transport_error is for MPI, UCX, NCCL and CUDA failures).
   [[noreturn]] void throw_protocol(const char* what) const {
-    throw transport_error("flexpar", 0,
-                          error_text(rank(), "", "actor edge '", label(), "': rank ", peer_, " sent ", what));
+    throw error_on<error>(rank(), "", "actor edge '", label(), "': rank ", peer_, " sent ", what);
   }
   struct in_flight {
     regst_base* reg = nullptr;
