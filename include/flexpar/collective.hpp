@@ -56,18 +56,13 @@ namespace flexpar {
 
 namespace detail {
 
-inline std::string on_rank(const communicator& comm, std::string_view collective) {
-  return "[rank " + std::to_string(comm.rank()) + "] " + std::string(collective) + ": ";
-}
-
 [[noreturn]] inline void unsupported(const communicator& comm, std::string_view collective, algorithm a,
                                      std::string_view offered) {
-  throw usage_error(on_rank(comm, collective) + "has no algorithm '" + std::string(name_of(a)) + "'; it offers " +
-                    std::string(offered));
+  throw error_on<usage_error>(comm.rank(), collective, "has no algorithm '", name_of(a), "'; it offers ", offered);
 }
 
 inline void require(bool ok, const communicator& comm, std::string_view collective, const std::string& text) {
-  if (!ok) throw usage_error(on_rank(comm, collective) + text);
+  if (!ok) throw error_on<usage_error>(comm.rank(), collective, text);
 }
 
 inline void check_root(const communicator& comm, std::string_view collective, int root) {

@@ -9,15 +9,6 @@
 
 namespace flexpar::detail {
 
-namespace {
-std::string rank_prefix(int rank) {
-  std::string s = "[rank ";
-  s += std::to_string(rank);
-  s += "] ";
-  return s;
-}
-}  // namespace
-
 std::string actor_node::waiting_for() const {
   std::string why;
   for (const in_base* i : inputs) {
@@ -48,11 +39,7 @@ std::string actor_node::waiting_for() const {
 
 actor_node& graph_core::add(std::unique_ptr<actor_node> node) {
   if (started_) {
-    std::string text = rank_prefix(rank_);
-    text += "actor graph: cannot add actor '";
-    text += node->label();
-    text += "' after the graph started";
-    throw usage_error(text);
+    throw error_on<usage_error>(rank_, "actor graph", "cannot add actor '", node->label(), "' after the graph started");
   }
   nodes_.push_back(std::move(node));
   actor_node& n = *nodes_.back();
@@ -63,32 +50,21 @@ actor_node& graph_core::add(std::unique_ptr<actor_node> node) {
 void graph_core::start() {
   std::unique_lock lock(mutex);
   if (started_) {
-    std::string text = rank_prefix(rank_);
-    text += "actor graph: run twice; a graph runs once (its registers and streams are spent)";
-    throw usage_error(text);
+    throw error_on<usage_error>(rank_, "actor graph",
+                                "run twice; a graph runs once (its registers and streams are spent)");
   }
   for (const auto& n : nodes_) {
     if (n->kind() != node_kind::local) continue;
     for (const in_base* i : n->inputs) {
       if (i->producer == nullptr) {
-        std::string text = rank_prefix(rank_);
-        text += "actor '";
-        text += n->label();
-        text += "': input ";
-        text += std::to_string(i->index);
-        text += " is not connected to any output (connect(producer.output<k>(), this.input<i>()))";
-        throw usage_error(text);
+        throw error_on<usage_error>(rank_, "", "actor '", n->label(), "': input ", i->index,
+                                    " is not connected to any output (connect(producer.output<k>(), this.input<i>()))");
       }
     }
     for (const out_base* o : n->outputs) {
       if (o->consumers.empty()) {
-        std::string text = rank_prefix(rank_);
-        text += "actor '";
-        text += n->label();
-        text += "': output ";
-        text += std::to_string(o->index);
-        text += " feeds no input; every output needs at least one consumer";
-        throw usage_error(text);
+        throw error_on<usage_error>(rank_, "", "actor '", n->label(), "': output ", o->index,
+                                    " feeds no input; every output needs at least one consumer");
       }
     }
   }
@@ -236,10 +212,7 @@ void graph_core::abort_remote(deadline until) {
 void graph_core::rethrow_failure() const {
   if (!error_) return;
   if (error_is_remote_) std::rethrow_exception(error_);
-  std::string text = rank_prefix(rank_);
-  text += "actor '";
-  text += error_label_;
-  text += "' failed: ";
+  std::string text = error_text(rank_, "", "actor '", error_label_, "' failed: ");
   try {
     std::rethrow_exception(error_);
   } catch (const std::exception& e) {
@@ -252,11 +225,7 @@ void graph_core::rethrow_failure() const {
 }
 
 timeout_error graph_core::timeout(std::string_view op) const {
-  std::string text = rank_prefix(rank_);
-  text += op;
-  text += ": deadline passed with ";
-  text += std::to_string(unfinished_);
-  text += " actor(s) of this rank unfinished:";
+  std::string text = error_text(rank_, op, "deadline passed with ", unfinished_, " actor(s) of this rank unfinished:");
   for (const auto& n : nodes_) {
     if (n->kind() == node_kind::elsewhere || n->state_ == node_state::finished) continue;
     text += " '";

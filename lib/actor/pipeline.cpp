@@ -60,13 +60,7 @@ pipeline::pipeline(pipeline_builder& b)
       loss_(b.loss_),
       trace_(b.trace_) {
   communicator& comm = *b.comm_;
-  auto fail = [&](const std::string& why) {
-    std::string text = "[rank ";
-    text += std::to_string(comm.rank());
-    text += "] pipeline_builder::build: ";
-    text += why;
-    throw usage_error(text);
-  };
+  auto fail = [&](const std::string& why) { throw error_on<usage_error>(comm.rank(), "pipeline_builder::build", why); };
   if (ranks_.empty()) fail("no stage");
   if (micro_batches_ < 1) fail("micro-batches must be >= 1");
   std::set<int> seen;

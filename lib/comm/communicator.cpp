@@ -145,7 +145,7 @@ communicator communicator::from_mpi(MPI_Comm comm, const config& cfg, thread_nee
   FLEXPAR_CHECK_MPI(MPI_Get_library_version(library, &library_length));
   if (auto wrong = detail::wrong_launcher(config::environment_lookup, world_size,
                                           std::string_view(library, static_cast<std::size_t>(library_length))))
-    throw usage_error("[rank " + std::to_string(world_rank) + "] " + *wrong);
+    throw error_on<usage_error>(world_rank, "", *wrong);
 
   // The one collective here that can wait for a rank that never comes has a deadline; the blocking
   // calls after it (MPI_Comm_split_type, the transport's set-up) run once every rank is known to be here.

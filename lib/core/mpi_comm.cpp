@@ -28,10 +28,11 @@ bool poll_until(Done&& done, deadline until) {
   }
 }
 
-std::string rank_prefix(MPI_Comm comm) {
+/// My rank in `comm` for an error message; -1 ("[rank ?]") when MPI cannot say.
+int rank_of(MPI_Comm comm) {
   int rank = -1;
   if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS) rank = -1;
-  return "[rank " + (rank >= 0 ? std::to_string(rank) : std::string("?")) + "] ";
+  return rank;
 }
 
 }  // namespace
@@ -67,10 +68,10 @@ owned_mpi_comm duplicate_for_flexpar(MPI_Comm comm, deadline until, std::string_
     (void)dup.release();
     int size = 0;
     FLEXPAR_CHECK_MPI(MPI_Comm_size(comm, &size));
-    throw timeout_error(rank_prefix(comm) + std::string(what) + ": not every one of the " + std::to_string(size) +
-                        " ranks of the communicator arrived within " + seconds_text(clock::now() - started) +
-                        " (FLEXPAR_TIMEOUT); it is collective: every rank must call it (MPI_Comm_idup cannot "
-                        "say which ranks are missing)");
+    throw error_on<timeout_error>(rank_of(comm), what, "not every one of the ", size,
+                                  " ranks of the communicator arrived within ", seconds_text(clock::now() - started),
+                                  " (FLEXPAR_TIMEOUT); it is collective: every rank must call it (MPI_Comm_idup "
+                                  "cannot say which ranks are missing)");
   }
   owned_mpi_comm owned(*dup);
   FLEXPAR_CHECK_MPI(MPI_Comm_set_errhandler(owned.get(), MPI_ERRORS_RETURN));
@@ -93,8 +94,7 @@ std::vector<std::vector<std::byte>> exchange_for_flexpar(MPI_Comm comm, std::spa
   FLEXPAR_CHECK_MPI(MPI_Comm_rank(comm, &rank));
   FLEXPAR_CHECK_MPI(MPI_Comm_size(comm, &size));
   if (mine.size() > static_cast<std::size_t>(INT_MAX))
-    throw usage_error(rank_prefix(comm) + std::string(what) + ": " + std::to_string(mine.size()) +
-                      " bytes are too many for one exchange");
+    throw error_on<usage_error>(rank_of(comm), what, mine.size(), " bytes are too many for one exchange");
   std::vector<std::vector<std::byte>> all(static_cast<std::size_t>(size));
   all[static_cast<std::size_t>(rank)].assign(mine.begin(), mine.end());
   // The sends read from a copy on the heap: should one of them outlive this call (its peer never
@@ -146,13 +146,13 @@ std::vector<std::vector<std::byte>> exchange_for_flexpar(MPI_Comm comm, std::spa
     std::vector<int> absent;
     for (int peer = 0; peer < size; ++peer)
       if (!arrived[static_cast<std::size_t>(peer)]) absent.push_back(peer);
-    throw timeout_error(rank_prefix(comm) + std::string(what) + " over " + std::to_string(size) + " ranks: " +
-                        rank_set(absent) + " did not take part within " + seconds_text(clock::now() - started) +
-                        " (FLEXPAR_TIMEOUT); it is collective: every rank " + "must call it");
+    throw error_on<timeout_error>(rank_of(comm), "", what, " over ", size, " ranks: ", rank_set(absent),
+                                  " did not take part within ", seconds_text(clock::now() - started),
+                                  " (FLEXPAR_TIMEOUT); it is collective: every rank must call it");
   }
   if (!sent_all)
-    throw timeout_error(rank_prefix(comm) + std::string(what) + ": a send did not complete within " +
-                        seconds_text(clock::now() - started) + " (FLEXPAR_TIMEOUT)");
+    throw error_on<timeout_error>(rank_of(comm), what, "a send did not complete within ",
+                                  seconds_text(clock::now() - started), " (FLEXPAR_TIMEOUT)");
   return all;
 }
 

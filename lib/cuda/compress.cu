@@ -341,19 +341,14 @@ void check_status(const unsigned long long* status, unsigned long long* host, co
   float value = 0;
   copy_bytes_async(&value, input + index, sizeof value, cudaMemcpyDeviceToHost, s);
   synchronize(s, deadline, who, rank);
-  std::string text;
-  if (rank >= 0) {
-    text += "[rank ";
-    text += std::to_string(rank);
-    text += "] ";
-  }
-  text += who;
-  text += ": element ";
-  text += std::to_string(index);
-  text += " is ";
-  text += std::to_string(value);
-  text += "; ";
-  text += need;
+  // A rank below 0 (a caller without a communicator) leaves the prefix out rather than "[rank ?] ".
+  std::string text = rank >= 0 ? on_rank(rank, who) : std::string(who).append(": ");
+  text.append("element ")
+      .append(std::to_string(index))
+      .append(" is ")
+      .append(std::to_string(value))
+      .append("; ")
+      .append(need);
   throw usage_error(text);
 }
 

@@ -47,12 +47,7 @@ struct device_communicator::state {
   device_buffer<std::byte> ring_scratch;   // the block the ring receives before reducing it
   std::unique_ptr<detail::ipc_group> ipc;  // the intra-node path, when every rank is on one node
 
-  std::string prefix(std::string_view op) const {
-    std::string text = "[rank " + std::to_string(host->rank()) + "] device ";
-    text += op;
-    text += ": ";
-    return text;
-  }
+  std::string prefix(std::string_view op) const { return on_rank(host->rank(), std::string("device ").append(op)); }
   std::byte* staging_of(std::size_t bytes) {
     if (staging.size() < bytes) staging = pinned_buffer<std::byte>(std::max(bytes, staging.size() * 2));
     return staging.data();

@@ -164,7 +164,7 @@ struct ipc_group::state {
   }
 
   [[nodiscard]] std::string prefix() const {
-    return "[rank " + std::to_string(me) + "] device " + std::string(op_name) + " (ipc): ";
+    return on_rank(me, std::string("device ").append(op_name).append(" (ipc)"));
   }
 
   /// Waits until rank q's counter reaches `target`, checking every 200 ms whether q's process still

@@ -104,7 +104,7 @@ struct nccl_communicator::state {
 
   std::jthread watchdog;
 
-  std::string prefix() const { return "[rank " + std::to_string(rank) + "] nccl "; }
+  std::string prefix() const { return rank_prefix(rank).append("nccl "); }
 
   // Keeps the first failure, aborts the communicator (once) and returns the failure to throw.
   std::exception_ptr fail(std::exception_ptr e) {

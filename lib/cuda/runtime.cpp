@@ -90,10 +90,7 @@ void wait(const event& e, std::chrono::milliseconds deadline, std::string_view w
       flexpar::detail::throw_cuda_failure(rank, code, call.c_str(), std::source_location::current());
     }
     if (std::chrono::steady_clock::now() - start > deadline) {
-      std::string text = "[rank " + (rank >= 0 ? std::to_string(rank) : std::string("?")) + "] ";
-      text += what;
-      text += ": the GPU work did not finish within " + std::to_string(deadline.count()) + " ms";
-      throw timeout_error(text);
+      throw error_on<timeout_error>(rank, what, "the GPU work did not finish within ", deadline.count(), " ms");
     }
     if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

@@ -127,9 +127,8 @@ class engine_core final : private fused_executor::owner {
     bootstrap_allgather(comm_.transport(), std::as_bytes(std::span(&error, 1)), std::as_writable_bytes(std::span(all)),
                         comm_.default_deadline(), "engine: the timeline path check");
     if (all[0] != 0)
-      throw usage_error("[rank " + std::to_string(comm_.rank()) + "] engine: the timeline file \"" +
-                        cfg_.timeline_path +
-                        "\" (FLEXPAR_TIMELINE) cannot be written on rank 0: " + std::strerror(all[0]));
+      throw error_on<usage_error>(comm_.rank(), "engine", "the timeline file \"", cfg_.timeline_path,
+                                  "\" (FLEXPAR_TIMELINE) cannot be written on rank 0: ", std::strerror(all[0]));
   }
 
   /// The collective shutdown of the destructor (and of MPI_Finalize): the background thread
@@ -165,10 +164,9 @@ class engine_core final : private fused_executor::owner {
                        void* out, std::size_t count, std::size_t out_capacity, device_marker ready,
                        completion_callback done) {
     if (!device_)
-      throw usage_error("[rank " + std::to_string(comm_.rank()) + "] engine: " + std::string(name_of(kind)) + " \"" +
-                        name +
-                        "\" is a device tensor, but this engine has no device backend (build the engine with "
-                        "one: flexpar::cuda::engine_backend)");
+      throw error_on<usage_error>(comm_.rank(), "engine", name_of(kind), " \"", name,
+                                  "\" is a device tensor, but this engine has no device backend (build the engine "
+                                  "with one: flexpar::cuda::engine_backend)");
     auto entry = std::make_shared<engine_entry>();
     entry->name = std::move(name);
     entry->desc = description{kind, type, op, root, count, memory_kind::cuda};
@@ -193,9 +191,8 @@ class engine_core final : private fused_executor::owner {
     {
       std::lock_guard lock(mutex_);
       if (shutdown_requested_)
-        refuse = std::make_exception_ptr(usage_error("[rank " + std::to_string(comm_.rank()) +
-                                                     "] engine: " + std::string(name_of(kind)) + " \"" + entry->name +
-                                                     "\" submitted after " + shutdown_reason_));
+        refuse = std::make_exception_ptr(error_on<usage_error>(comm_.rank(), "engine", name_of(kind), " \"",
+                                                               entry->name, "\" submitted after ", shutdown_reason_));
       else if (failed_)
         refuse = failed_;
       else
@@ -216,9 +213,9 @@ class engine_core final : private fused_executor::owner {
     wake_.notify_all();
     if (!join_cv_.wait_until(lock, deadline_after(cfg_.timeout), [&] { return join_done_ || failed_; }))
       // This rank stays joined (it keeps contributing the identity); the caller decides what next.
-      throw timeout_error("[rank " + std::to_string(comm_.rank()) + "] engine::join: not every rank joined within " +
-                          seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout)) +
-                          " (FLEXPAR_TIMEOUT)");
+      throw error_on<timeout_error>(comm_.rank(), "engine::join", "not every rank joined within ",
+                                    seconds_text(std::chrono::duration_cast<std::chrono::milliseconds>(cfg_.timeout)),
+                                    " (FLEXPAR_TIMEOUT)");
     if (!join_done_) std::rethrow_exception(failed_);
     return last_joined_;
   }
@@ -288,8 +285,8 @@ class engine_core final : private fused_executor::owner {
         std::lock_guard lock(mutex_);
         reason = shutdown_reason_;
       }
-      fail_everything(std::make_exception_ptr(usage_error("[rank " + std::to_string(comm_.rank()) + "] " + reason +
-                                                          " before every rank submitted this tensor")));
+      fail_everything(std::make_exception_ptr(
+          error_on<usage_error>(comm_.rank(), "", reason, " before every rank submitted this tensor")));
       if (timeline_)
         timeline_->gather_and_write(comm_.transport(), tag_timeline, 0, cfg_.timeline_path, comm_.default_deadline());
     } catch (...) {
@@ -306,9 +303,9 @@ class engine_core final : private fused_executor::owner {
     mine.shutting_down = shutting_down;
     for (auto& e : fresh) {
       if (pending_.contains(e->name)) {
-        finish(*e, std::make_exception_ptr(usage_error(
-                       "[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(e->desc.kind)) + " \"" +
-                       e->name + "\" was submitted again while the previous one is still in flight")));
+        finish(*e, std::make_exception_ptr(
+                       error_on<usage_error>(comm_.rank(), "", name_of(e->desc.kind), " \"", e->name,
+                                             "\" was submitted again while the previous one is still in flight")));
         continue;
       }
       pending_.emplace(e->name, e);
@@ -544,9 +541,9 @@ const std::string& handle::name() const {
 
 engine::engine(communicator& comm, std::optional<config> cfg, log_sink log, device_backend* device) {
   if (comm.finalized())
-    throw usage_error("[rank " + std::to_string(comm.rank()) +
-                      "] engine: made after MPI_Finalize shut its communicator down (destroy flexpar's objects "
-                      "before calling MPI_Finalize)");
+    throw error_on<usage_error>(comm.rank(), "engine",
+                                "made after MPI_Finalize shut its communicator down (destroy flexpar's objects before "
+                                "calling MPI_Finalize)");
   if (comm.mpi_comm() != MPI_COMM_NULL && comm.transport().kind() == transport_kind::mpi) {
     int provided = MPI_THREAD_SINGLE;
     FLEXPAR_CHECK_MPI(MPI_Query_thread(&provided));

@@ -63,7 +63,7 @@ void fused_executor::fail_one(const response& r) {
   const std::shared_ptr<engine_entry> entry = owner_.take(r.name);
   if (!entry) return;
   std::exception_ptr e;
-  const std::string text = "[rank " + std::to_string(comm_.rank()) + "] " + r.text;
+  const std::string text = error_text(comm_.rank(), "", r.text);
   switch (r.error) {
     case error_kind::mismatch: e = std::make_exception_ptr(mismatch_error(text)); break;
     case error_kind::timeout: e = std::make_exception_ptr(timeout_error(text)); break;
@@ -163,9 +163,9 @@ void fused_executor::run_device_group(std::span<const response> group,
   const std::size_t me = static_cast<std::size_t>(comm_.rank());
   const response& first = group.front();
   if (!device_)
-    throw usage_error("[rank " + std::to_string(comm_.rank()) + "] engine: " + std::string(name_of(first.desc.kind)) +
-                      " \"" + first.name +
-                      "\" runs on device memory on the other ranks, but this rank's engine has no device backend");
+    throw error_on<usage_error>(comm_.rank(), "engine", name_of(first.desc.kind), " \"", first.name,
+                                "\" runs on device memory on the other ranks, but this rank's engine has no device "
+                                "backend");
   device_flight flight;
   std::vector<device_item> items;
   const std::size_t p = static_cast<std::size_t>(comm_.size());
@@ -189,9 +189,8 @@ void fused_executor::run_device_group(std::span<const response> group,
     if (first.desc.kind != collective_kind::allreduce && first.desc.kind != collective_kind::broadcast &&
         e->out_capacity < result) {
       flight.local.back() = std::make_exception_ptr(
-          usage_error("[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(first.desc.kind)) + " \"" +
-                      e->name + "\": the output holds " + std::to_string(e->out_capacity) +
-                      " elements but the result has " + std::to_string(result)));
+          error_on<usage_error>(comm_.rank(), "", name_of(first.desc.kind), " \"", e->name, "\": the output holds ",
+                                e->out_capacity, " elements but the result has ", result));
       out = nullptr;  // the backend writes into scratch
     }
     items.push_back({static_cast<const std::byte*>(e->device_in), static_cast<std::byte*>(out), count, e->ready});
@@ -312,9 +311,8 @@ std::string fused_executor::run_single(const response& r, engine_entry* e, std::
 
 void fused_executor::throw_too_small(const engine_entry& e, std::size_t room, std::size_t needed) const {
   // The collective ran (into scratch) so that the other ranks finish; only this handle fails.
-  throw local_failure(usage_error("[rank " + std::to_string(comm_.rank()) + "] " + std::string(name_of(e.desc.kind)) +
-                                  " \"" + e.name + "\": the output holds " + std::to_string(room) +
-                                  " elements but the result has " + std::to_string(needed)));
+  throw local_failure(error_on<usage_error>(comm_.rank(), "", name_of(e.desc.kind), " \"", e.name,
+                                            "\": the output holds ", room, " elements but the result has ", needed));
 }
 
 std::byte* fused_executor::scratch(std::size_t bytes) {

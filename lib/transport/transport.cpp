@@ -13,7 +13,7 @@ namespace flexpar {
 namespace detail {
 
 std::string describe(const request_info& info) {
-  std::string text = "[rank " + std::to_string(info.rank) + "] " + std::string(info.transport_name) + ": ";
+  std::string text = on_rank(info.rank, info.transport_name);
   text += info.direction == message_direction::send ? "send of " : "recv of up to ";
   text += std::to_string(info.size) + " bytes ";
   text += info.direction == message_direction::send ? "to" : "from";
@@ -60,22 +60,20 @@ void wait_all(std::span<request> requests, deadline until) {
 
 void transport::check_peer(std::string_view op, int peer) const {
   if (peer < 0 || peer >= size())
-    throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " + std::string(op) +
-                      " names peer rank " + std::to_string(peer) + ", outside the group of " + std::to_string(size()) +
-                      " ranks");
+    throw error_on<usage_error>(rank(), name_of(kind()), op, " names peer rank ", peer, ", outside the group of ",
+                                size(), " ranks");
 }
 
 void transport::throw_closed(std::string_view op) const {
-  throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " + std::string(op) +
-                    " after MPI_Finalize shut this transport down (destroy flexpar's objects before calling "
-                    "MPI_Finalize)");
+  throw error_on<usage_error>(rank(), name_of(kind()), op,
+                              " after MPI_Finalize shut this transport down (destroy flexpar's objects before calling "
+                              "MPI_Finalize)");
 }
 
 void transport::check_tag(std::string_view op, tag_t tag) const {
   if (tag >= max_tag())
-    throw usage_error("[rank " + std::to_string(rank()) + "] " + std::string(name_of(kind())) + ": " + std::string(op) +
-                      " uses tag " + std::to_string(tag) + ", but this transport's tags end at " +
-                      std::to_string(max_tag()) + " (exclusive; max_tag() is reserved for flexpar)");
+    throw error_on<usage_error>(rank(), name_of(kind()), op, " uses tag ", tag, ", but this transport's tags end at ",
+                                max_tag(), " (exclusive; max_tag() is reserved for flexpar)");
 }
 
 namespace detail {
@@ -108,10 +106,9 @@ void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::spa
     }
   }
   if (!missing.empty())
-    throw timeout_error("[rank " + std::to_string(me) + "] " + std::string(name_of(t.kind())) + ": " +
-                        std::string(what) + " over " + std::to_string(p) + " ranks: " + rank_set(missing) +
-                        " did not take part within " + seconds_text(clock::now() - started) +
-                        " (FLEXPAR_TIMEOUT); it is collective: every rank must call it");
+    throw error_on<timeout_error>(me, name_of(t.kind()), what, " over ", p, " ranks: ", rank_set(missing),
+                                  " did not take part within ", seconds_text(clock::now() - started),
+                                  " (FLEXPAR_TIMEOUT); it is collective: every rank must call it");
   wait_all(sends, until);
 }
 

@@ -18,6 +18,24 @@ TEST(error, hierarchy_lets_callers_catch_one_kind_or_all) {
   EXPECT_THROW(throw timeout_error("x"), std::runtime_error);
 }
 
+TEST(error, one_helper_builds_rank_op_what) {
+  EXPECT_EQ(rank_prefix(3), "[rank 3] ");
+  EXPECT_EQ(rank_prefix(-1), "[rank ?] ");
+  EXPECT_EQ(on_rank(0, "allreduce"), "[rank 0] allreduce: ");
+  EXPECT_EQ(on_rank(2, ""), "[rank 2] ");
+  const std::string name = "grad.w";
+  const std::size_t count = 4097;
+  EXPECT_EQ(error_text(1, "engine", "allreduce \"", name, "\": ", count, " elements, ", -2, ' ', std::string_view("x")),
+            "[rank 1] engine: allreduce \"grad.w\": 4097 elements, -2 x");
+  const usage_error e =
+      error_on<usage_error>(5, "broadcast", "root ", 9, " is outside the communicator of ", 4u, " ranks");
+  EXPECT_STREQ(e.what(), "[rank 5] broadcast: root 9 is outside the communicator of 4 ranks");
+  const int ranks[] = {0, 2, 3};
+  EXPECT_EQ(rank_set(std::span<const int>(ranks, 1)), "rank {0}");
+  EXPECT_EQ(rank_set(ranks), "ranks {0,2,3}");
+  EXPECT_EQ(seconds_text(std::chrono::milliseconds(250)), "0.25 s");
+}
+
 int failing_mpi_call() { return MPI_ERR_RANK; }
 
 TEST(error, check_mpi_carries_the_call_text_mpi_string_code_and_location) {

@@ -185,16 +185,8 @@ class actor_graph {
   template <class... Ports, class Body>
   actor<Ports...>& add_actor(int rank, std::string label, Body body) {
     if (rank < 0 || rank >= core_->size()) {
-      std::string text = "[rank ";
-      text += std::to_string(core_->rank());
-      text += "] add_actor '";
-      text += label;
-      text += "': placed on rank ";
-      text += std::to_string(rank);
-      text += " of a graph of ";
-      text += std::to_string(core_->size());
-      text += " rank(s)";
-      throw usage_error(text);
+      throw error_on<usage_error>(core_->rank(), "", "add_actor '", label, "': placed on rank ", rank,
+                                  " of a graph of ", core_->size(), " rank(s)");
     }
     const auto kind = rank == core_->rank() ? detail::node_kind::local : detail::node_kind::elsewhere;
     auto node =
@@ -212,19 +204,10 @@ class actor_graph {
                   "flexpar::connect: the output's payload type differs from the input's; an in<T> can only be "
                   "fed by an out<T, N> of the same T");
     if (to.producer != nullptr || to.consumer == nullptr || from.producer == nullptr) {
-      std::string text = "[rank ";
-      text += std::to_string(core_->rank());
-      text += "] connect: input ";
-      text += std::to_string(to.index);
-      if (to.consumer) {
-        text += " of '";
-        text += to.consumer->label();
-        text += "'";
-      } else {
-        text += " of no actor";
-      }
-      text += " already has a producer; an input takes messages from one output";
-      throw usage_error(text);
+      std::string consumer = "of no actor";
+      if (to.consumer) consumer.assign("of '").append(to.consumer->label()).append("'");
+      throw error_on<usage_error>(core_->rank(), "connect", "input ", to.index, " ", consumer,
+                                  " already has a producer; an input takes messages from one output");
     }
     const int p = from.producer->rank();
     const int c = to.consumer->rank();
@@ -276,12 +259,8 @@ class actor_graph {
       throw usage_error(text);
     }
     if (3 * channel + 2 >= core_->bus->max_tag()) {
-      std::string text = "[rank ";
-      text += std::to_string(core_->rank());
-      text += "] connect '";
-      text += label;
-      text += "': too many cross-rank edges for the transport's tag range";
-      throw usage_error(text);
+      throw error_on<usage_error>(core_->rank(), "", "connect '", label,
+                                  "': too many cross-rank edges for the transport's tag range");
     }
   }
 

@@ -89,14 +89,8 @@ class remote_end : public actor_node {
   [[noreturn]] void throw_peer_failure() {
     peer_aborted_ = true;
     finished_ = true;
-    std::string text = "[rank ";
-    text += std::to_string(rank());
-    text += "] actor edge '";
-    text += label();
-    text += "': rank ";
-    text += std::to_string(peer_);
-    text += " stopped its graph (an actor failed there or its deadline passed)";
-    throw peer_failure(text);
+    throw error_on<peer_failure>(rank(), "", "actor edge '", label(), "': rank ", peer_,
+                                 " stopped its graph (an actor failed there or its deadline passed)");
   }
 
   int peer_;
@@ -216,16 +210,10 @@ class remote_sender final : public remote_end {
   request send_abort(transport& t) override {
     return t.isend(peer_, message_tag_, std::as_bytes(std::span(&abort_header_, 1)));
   }
+  // A breach of the edge's own protocol is a bug or a corrupted message, not a failed library
+  // call: a plain flexpar::error (transport_error is for MPI, UCX, NCCL and CUDA failures).
   [[noreturn]] void throw_protocol(const char* what) const {
-    std::string text = "[rank ";
-    text += std::to_string(rank());
-    text += "] actor edge '";
-    text += label();
-    text += "': rank ";
-    text += std::to_string(peer_);
-    text += " sent ";
-    text += what;
-    throw transport_error("flexpar", 0, text);
+    throw error_on<error>(rank(), "", "actor edge '", label(), "': rank ", peer_, " sent ", what);
   }
   struct in_flight {
     regst_base* reg = nullptr;

@@ -35,9 +35,9 @@ inline collective_context& hierarchy_of(communicator& comm) {
   collective_context& ctx = context_of(comm);
   if (!ctx.node) {
     if (!comm.topology().uniform())
-      throw usage_error("[rank " + std::to_string(comm.rank()) +
-                        "] allreduce(hierarchical): nodes hold different numbers of ranks; the hierarchical "
-                        "algorithm needs the same number on every node (use ring or halving_doubling)");
+      throw error_on<usage_error>(comm.rank(), "allreduce(hierarchical)",
+                                  "nodes hold different numbers of ranks; the hierarchical algorithm needs the same "
+                                  "number on every node (use ring or halving_doubling)");
     ctx.node = std::make_unique<communicator>(comm.split_node());
     ctx.across = std::make_unique<communicator>(comm.split_across_nodes());
   }

@@ -93,10 +93,8 @@ void wait_for_peers(const communicator& comm, Counter&& counter_of, std::uint64_
                     const char* event, deadline until) {
   for (int q = 0; q < comm.size(); ++q) {
     if (q == comm.rank()) continue;
-    counter_of(q).wait_until_reached(target, until, [&] {
-      return "[rank " + std::to_string(comm.rank()) + "] " + op + ": rank " + std::to_string(q) + " " + event +
-             " round " + std::to_string(target - 1);
-    });
+    counter_of(q).wait_until_reached(
+        target, until, [&] { return error_text(comm.rank(), op, "rank ", q, " ", event, " round ", target - 1); });
   }
 }
 
@@ -127,14 +125,13 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
   const int p = comm.size(), me = comm.rank();
   if (p == 1) return;
   if (comm.topology().node_count() != 1)
-    throw usage_error("[rank " + std::to_string(me) + "] allreduce(shared_memory): the communicator spans " +
-                      std::to_string(comm.topology().node_count()) +
-                      " nodes; the shared-memory path needs every rank on one node (use hierarchical)");
+    throw error_on<usage_error>(me, "allreduce(shared_memory)", "the communicator spans ", comm.topology().node_count(),
+                                " nodes; the shared-memory path needs every rank on one node (use hierarchical)");
   shared_memory_segment* segment = shared_memory_of(comm);
   if (!segment)
-    throw usage_error("[rank " + std::to_string(me) +
-                      "] allreduce(shared_memory): a rank could not map the shared-memory segment (is /dev/shm "
-                      "available to every rank?); use ring or automatic");
+    throw error_on<usage_error>(me, "allreduce(shared_memory)",
+                                "a rank could not map the shared-memory segment (is /dev/shm available to every "
+                                "rank?); use ring or automatic");
   collective_context& ctx = context_of(comm);
   const shm_geometry shm{segment->data(), p};
   const deadline until = comm.default_deadline();

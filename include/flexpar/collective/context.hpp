@@ -103,9 +103,9 @@ struct collective_context {
 ///         (the text names it); usage_error once MPI_Finalize has shut `comm` down.
 inline collective_context& context_of(communicator& comm) {
   if (comm.finalized())
-    throw usage_error("[rank " + std::to_string(comm.rank()) +
-                      "] collective: called after MPI_Finalize shut its communicator down (destroy flexpar's "
-                      "objects before calling MPI_Finalize)");
+    throw error_on<usage_error>(comm.rank(), "collective",
+                                "called after MPI_Finalize shut its communicator down (destroy flexpar's objects "
+                                "before calling MPI_Finalize)");
   auto& state = comm.collective_state();
   if (!state) {
     auto fresh = std::make_shared<collective_context>();

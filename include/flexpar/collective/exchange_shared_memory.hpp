@@ -56,10 +56,10 @@ namespace flexpar::detail {
 /// For an explicit algorithm::shared_memory: usage_error unless one_node_segment(comm) (p == 1 passes).
 inline void require_one_node_segment(communicator& comm, std::string_view op) {
   if (comm.size() == 1 || one_node_segment(comm)) return;
-  throw usage_error("[rank " + std::to_string(comm.rank()) + "] " + std::string(op) +
-                    "(shared_memory): the communicator spans " + std::to_string(comm.topology().node_count()) +
-                    " nodes, or a rank could not map the shared-memory segment (is /dev/shm available to every "
-                    "rank?); use automatic");
+  throw error_on<usage_error>(comm.rank(), "", op, "(shared_memory): the communicator spans ",
+                              comm.topology().node_count(),
+                              " nodes, or a rank could not map the shared-memory segment (is /dev/shm available to "
+                              "every rank?); use automatic");
 }
 
 /// allgather_v_placed through the segment: in round k every rank copies chunk k of its block into

@@ -108,10 +108,9 @@ inline bool uses_shared_memory(communicator& comm, const staging& s, const char*
   if (s.path == staged_path::transport) return false;
   if (detail::one_node_segment(comm)) return true;
   if (s.path == staged_path::shared_memory && comm.size() > 1)
-    throw usage_error("[rank " + std::to_string(comm.rank()) + "] " + op +
-                      ": staging::path is shared_memory, but the communicator spans " +
-                      std::to_string(comm.topology().node_count()) +
-                      " nodes or a rank could not map the segment; use automatic or transport");
+    throw error_on<usage_error>(comm.rank(), op, "staging::path is shared_memory, but the communicator spans ",
+                                comm.topology().node_count(),
+                                " nodes or a rank could not map the segment; use automatic or transport");
   return false;
 }
 
@@ -125,9 +124,9 @@ void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* 
   const int p = comm.size(), me = comm.rank();
   detail::shared_memory_segment* segment = detail::shared_memory_of(comm);
   if (segment == nullptr)
-    throw usage_error("[rank " + std::to_string(me) + "] " + op +
-                      ": the communicator has no shared-memory segment (a rank could not map it); check "
-                      "uses_shared_memory first");
+    throw error_on<usage_error>(me, op,
+                                "the communicator has no shared-memory segment (a rank could not map it); check "
+                                "uses_shared_memory first");
   detail::collective_context& ctx = detail::context_of(comm);
   const detail::shm_geometry shm{segment->data(), p};
   const deadline until = comm.default_deadline();
@@ -143,10 +142,8 @@ void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* 
     // step 3 (drain)
     for (int step = 1; step < p; ++step) {
       const int q = detail::modulo(me + step, p);
-      shm.published(q).wait_until_reached(g + 1, until, [&] {
-        return "[rank " + std::to_string(me) + "] " + op + ": rank " + std::to_string(q) + " publishing round " +
-               std::to_string(k) + " of " + std::to_string(rounds);
-      });
+      shm.published(q).wait_until_reached(
+          g + 1, until, [&] { return error_text(me, op, "rank ", q, " publishing round ", k, " of ", rounds); });
       drain(q, k, std::span<const std::byte>(shm.round_buffer(q, g), shm_round_bytes));
     }
     // step 4 (free)

@@ -2,7 +2,8 @@
 //
 // One base (`flexpar::error`) and a few kinds that callers can act on differently:
 //
-//   error
+//   error                thrown as itself: a breach of flexpar's own protocol (a bug or a corrupted
+//   │                    message), a file that cannot be written
 //   ├── usage_error      the caller broke a documented precondition (bad rank, bad tag, ...)
 //   ├── mismatch_error   ranks disagree about a collective (count, dtype, op, root, ...)
 //   ├── timeout_error    a blocking wait reached its deadline
@@ -10,7 +11,9 @@
 //   └── transport_error  a C communication API (MPI, UCX, NCCL, CUDA) returned a failure
 //
 // Messages carry their context in the text (rank, operation, tensor, file:line) because that text
-// is what reaches a log from a job of 512 ranks; the structured fields are there for code.
+// is what reaches a log from a job of 512 ranks; the structured fields are there for code. Every
+// message starts the same way, "[rank R] op: what", and is built by one helper (`error_on`,
+// `error_text`, `on_rank`) so that a log can be grepped by rank and operation whatever layer threw.
 #pragma once
 
 #include <chrono>
@@ -20,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace flexpar {
 
@@ -70,13 +74,55 @@ class transport_error : public error {
   long code_;
 };
 
+/// "[rank 3] ": the start of every message; "[rank ?] " for a negative rank (the rank is not
+/// known, e.g. MPI is not initialized or already finalized).
+inline std::string rank_prefix(int rank) {
+  std::string s = "[rank ";
+  s += rank >= 0 ? std::to_string(rank) : std::string("?");
+  s += "] ";
+  return s;
+}
+
+/// "[rank 3] allreduce: ": the rank prefix and the operation that failed; "[rank 3] " when `op` is
+/// empty (a message whose first words already name the operation).
+inline std::string on_rank(int rank, std::string_view op) {
+  std::string s = rank_prefix(rank);
+  if (!op.empty()) s.append(op).append(": ");
+  return s;
+}
+
 namespace detail {
 
-/// "file.cpp:123" of a source location, without the directories.
-inline std::string where(const std::source_location& loc) {
-  std::string_view file = loc.file_name();
-  if (auto slash = file.find_last_of('/'); slash != std::string_view::npos) file.remove_prefix(slash + 1);
-  return std::string(file) + ":" + std::to_string(loc.line());
+/// Appends one part of a message: text as is, an integral number in decimal, a char as itself.
+template <class Part>
+void append_part(std::string& s, const Part& part) {
+  if constexpr (std::is_same_v<Part, char>) {
+    s += part;
+  } else if constexpr (std::is_integral_v<Part>) {
+    static_assert(!std::is_same_v<Part, bool>, "flexpar::error_text: write a bool as words, not as 0 or 1");
+    s += std::to_string(part);
+  } else {
+    s += std::string_view(part);
+  }
+}
+
+}  // namespace detail
+
+/// on_rank(rank, op) followed by `parts`, each text (anything convertible to std::string_view), a
+/// char, or an integral number (written in decimal): the text of an error that is not thrown at
+/// once (stored, logged, wrapped in an exception_ptr).
+template <class... Parts>
+std::string error_text(int rank, std::string_view op, const Parts&... parts) {
+  std::string s = on_rank(rank, op);
+  (detail::append_part(s, parts), ...);
+  return s;
+}
+
+/// An `E` (usage_error, mismatch_error, ...) whose text is error_text(rank, op, parts...):
+/// `throw error_on<usage_error>(comm.rank(), "allreduce", "count ", n, " is not a multiple of ", p);`
+template <class E, class... Parts>
+E error_on(int rank, std::string_view op, const Parts&... parts) {
+  return E(error_text(rank, op, parts...));
 }
 
 /// "rank {1}" or "ranks {0,2,3}": the ranks an error names.
@@ -97,15 +143,19 @@ std::string seconds_text(std::chrono::duration<Rep, Period> d) {
   return buffer;
 }
 
+namespace detail {
+
+/// "file.cpp:123" of a source location, without the directories.
+inline std::string where(const std::source_location& loc) {
+  std::string_view file = loc.file_name();
+  if (auto slash = file.find_last_of('/'); slash != std::string_view::npos) file.remove_prefix(slash + 1);
+  return std::string(file) + ":" + std::to_string(loc.line());
+}
+
 /// Text of a failed C-API call: "[rank 3] MPI_Isend(buf, n, ...) failed: Invalid rank (code 6) at mpi.cpp:42".
 inline std::string api_failure_text(int rank, std::string_view call, std::string_view library_message, long code,
                                     const std::source_location& loc) {
-  std::string text = "[rank " + (rank >= 0 ? std::to_string(rank) : std::string("?")) + "] ";
-  text += call;
-  text += " failed: ";
-  text += library_message;
-  text += " (code " + std::to_string(code) + ") at " + where(loc);
-  return text;
+  return error_text(rank, "", call, " failed: ", library_message, " (code ", code, ") at ", where(loc));
 }
 
 }  // namespace detail

@@ -61,9 +61,9 @@ class engine_backend final : public device_backend {
 namespace detail {
 inline device_backend& backend_of(engine& eng, const std::string& name) {
   if (!eng.device())
-    throw usage_error("[rank " + std::to_string(eng.rank()) + "] engine: \"" + name +
-                      "\" is a device tensor, but this engine has no device backend (build the engine with one: "
-                      "flexpar::cuda::engine_backend)");
+    throw error_on<usage_error>(eng.rank(), "engine", "\"", name,
+                                "\" is a device tensor, but this engine has no device backend (build the engine with "
+                                "one: flexpar::cuda::engine_backend)");
   return *eng.device();
 }
 }  // namespace detail

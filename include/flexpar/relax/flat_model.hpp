@@ -23,11 +23,9 @@
 
 namespace flexpar::relax::detail {
 
-/// "[rank 2] relax::bytegrad step: "
+/// "[rank 2] relax::bytegrad step: ": on_rank with the relaxation and its method as the operation.
 inline std::string where(int rank, std::string_view algo, std::string_view op) {
-  std::string s("[rank ");
-  s.append(std::to_string(rank)).append("] relax::").append(algo).append(" ").append(op).append(": ");
-  return s;
+  return on_rank(rank, std::string("relax::").append(algo).append(" ").append(op));
 }
 
 /// FNV-1a, 64 bits, continued from `h`.

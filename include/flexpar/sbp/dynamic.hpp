@@ -91,9 +91,8 @@ class dynamic_tensor {
     detail::check_same_shape(where, shape, "dynamic_tensor::from_full");
     dynamic_tensor t(where, std::move(shape), s);
     if (full.size() != elements_of(t.shape_))
-      throw usage_error(detail::on_rank(where.parent().rank(), "dynamic_tensor::from_full") + "shape " +
-                        to_string(t.shape_) + " has " + std::to_string(elements_of(t.shape_)) + " elements but " +
-                        std::to_string(full.size()) + " were given");
+      throw error_on<usage_error>(where.parent().rank(), "dynamic_tensor::from_full", "shape ", to_string(t.shape_),
+                                  " has ", elements_of(t.shape_), " elements but ", full.size(), " were given");
     if (!where.contains_me()) return t;
     const box mine = t.my_box();
     t.local_ = where.pool().template acquire<T>(mine.elements());
@@ -115,9 +114,9 @@ class dynamic_tensor {
     dynamic_tensor t(where, std::move(shape), s);
     const std::size_t want = where.contains_me() ? t.my_box().elements() : 0;
     if (local.size() != want)
-      throw usage_error(detail::on_rank(where.parent().rank(), "dynamic_tensor::from_local") + "tensor " +
-                        to_string(t.shape_) + " " + to_string(s) + " has a shard of " + std::to_string(want) +
-                        " elements on this rank, but " + std::to_string(local.size()) + " were given");
+      throw error_on<usage_error>(where.parent().rank(), "dynamic_tensor::from_local", "tensor ", to_string(t.shape_),
+                                  " ", to_string(s), " has a shard of ", want, " elements on this rank, but ",
+                                  local.size(), " were given");
     t.local_ = std::move(local);
     return t;
   }
@@ -140,8 +139,8 @@ class dynamic_tensor {
   template <sbp_type S>
   global_tensor<T, S> as() && {
     if (!(nd_of<S>::value == sbp_))
-      throw usage_error(detail::on_rank(where_.parent().rank(), "dynamic_tensor::as") + "the tensor is " +
-                        to_string(sbp_) + ", not " + to_string<S>());
+      throw error_on<usage_error>(where_.parent().rank(), "dynamic_tensor::as", "the tensor is ", to_string(sbp_),
+                                  ", not ", to_string<S>());
     return global_tensor<T, S>::adopt(where_, shape_, std::move(local_));
   }
 
@@ -174,12 +173,11 @@ class dynamic_tensor {
   /// Boxing to a run-time target: plan() on this mesh's extents now, then one box_axis overload per step.
   friend dynamic_tensor to(dynamic_tensor&& t, const nd_parallel& target) {
     if (target.rank != MeshRank)
-      throw usage_error(detail::on_rank(t.where_.parent().rank(), "sbp::to") + "target " + to_string(target) + " has " +
-                        std::to_string(target.rank) + " entries; the placement mesh has " + std::to_string(MeshRank) +
-                        " axes");
+      throw error_on<usage_error>(t.where_.parent().rank(), "sbp::to", "target ", to_string(target), " has ",
+                                  target.rank, " entries; the placement mesh has ", MeshRank, " axes");
     if (!detail::partial_ops_agree(target))
-      throw usage_error(detail::on_rank(t.where_.parent().rank(), "sbp::to") + "target " + to_string(target) +
-                        " mixes partial ops");
+      throw error_on<usage_error>(t.where_.parent().rank(), "sbp::to", "target ", to_string(target),
+                                  " mixes partial ops");
     const route r = plan(t.sbp_, target, extents_of(t.where_.shape()));
     if (t.where_.contains_me()) {
       for (std::size_t k = 0; k < r.count; ++k) {
@@ -200,14 +198,13 @@ class dynamic_tensor {
   dynamic_tensor(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s)
       : where_(where), shape_(std::move(shape)), sbp_(s) {
     if (s.rank != MeshRank)
-      throw usage_error(detail::on_rank(where.parent().rank(), "dynamic_tensor") + "SBP " + to_string(s) + " has " +
-                        std::to_string(s.rank) + " entries; the placement mesh has " + std::to_string(MeshRank) +
-                        " axes");
+      throw error_on<usage_error>(where.parent().rank(), "dynamic_tensor", "SBP ", to_string(s), " has ", s.rank,
+                                  " entries; the placement mesh has ", MeshRank, " axes");
     for (std::size_t d = 0; d < s.rank; ++d)
       if (s[d].is_split() && static_cast<std::size_t>(s[d].axis) >= shape_.size())
-        throw usage_error(detail::on_rank(where.parent().rank(), "dynamic_tensor") + "SBP " + to_string(s) +
-                          " splits tensor axis " + std::to_string(s[d].axis) + " but the shape " + to_string(shape_) +
-                          " has " + std::to_string(shape_.size()) + " axes");
+        throw error_on<usage_error>(where.parent().rank(), "dynamic_tensor", "SBP ", to_string(s),
+                                    " splits tensor axis ", s[d].axis, " but the shape ", to_string(shape_), " has ",
+                                    shape_.size(), " axes");
   }
   placement<MeshRank> where_;
   shape_t shape_;
@@ -282,11 +279,10 @@ template <element T, std::size_t N>
 dynamic_tensor<T, N> matmul(const dynamic_tensor<T, N>& a, const dynamic_tensor<T, N>& b,
                             const cost_params& machine = {}) {
   if (!(a.where() == b.where()))
-    throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") +
-                      "the operands live on different placements");
+    throw error_on<usage_error>(a.where().parent().rank(), "matmul", "the operands live on different placements");
   if (a.shape().size() != 2 || b.shape().size() != 2 || a.shape()[1] != b.shape()[0])
-    throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "shapes " + to_string(a.shape()) + " x " +
-                      to_string(b.shape()) + " do not multiply ([m, k] x [k, n])");
+    throw error_on<usage_error>(a.where().parent().rank(), "matmul", "shapes ", to_string(a.shape()), " x ",
+                                to_string(b.shape()), " do not multiply ([m, k] x [k, n])");
   const chosen_signature sig =
       cheapest_matmul_signature(a.layout(), a.shape(), b.layout(), b.shape(), a.where().shape(), sizeof(T), machine);
   const dynamic_tensor<T, N> x = to(a.clone(), sig.left), y = to(b.clone(), sig.right);
@@ -306,8 +302,8 @@ dynamic_tensor<T, N> conv_dynamic(const dynamic_tensor<T, N>& a, const dynamic_t
                 "flexpar::sbp::conv2d runs im2col + the BLAS GEMM: its element type must be float or double.");
   const int rank = a.where().parent().rank();
   if (!(a.where() == b.where()))
-    throw usage_error(on_rank(rank, name_of(Pass)) + "the operands live on different placements (" +
-                      a.where().describe() + " and " + b.where().describe() + ")");
+    throw error_on<usage_error>(rank, name_of(Pass), "the operands live on different placements (",
+                                a.where().describe(), " and ", b.where().describe(), ")");
   const shape_t out_shape = conv_out_shape(rank, Pass, a.shape(), b.shape(), pad);
   chosen_signature sig;
   const std::span<const int> mesh = a.where().shape();

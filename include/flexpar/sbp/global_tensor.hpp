@@ -111,9 +111,9 @@ void check_same_shape(const placement<N>& where, const shape_t& shape, std::stri
   std::string text;
   for (std::size_t k = 0; k < groups.size(); ++k) {
     if (k > 0) text += k + 1 == groups.size() ? " but " : ", ";
-    text += to_string(groups[k].first) + " on mesh " + flexpar::detail::rank_set(groups[k].second);
+    text += to_string(groups[k].first) + " on mesh " + rank_set(groups[k].second);
   }
-  throw mismatch_error(on_rank(where.parent().rank(), what) + "the mesh ranks disagree about the shape: " + text);
+  throw error_on<mismatch_error>(where.parent().rank(), what, "the mesh ranks disagree about the shape: ", text);
 }
 
 /// Collective over the mesh: the full logical tensor of shards `local` laid out by `s`, on every mesh
@@ -262,17 +262,16 @@ class global_tensor {
     global_tensor t(where, std::move(shape));
     if (!where.contains_me()) {
       if (!local.empty())
-        throw usage_error(detail::on_rank(where.parent().rank(), "global_tensor::from_local") +
-                          "this rank is outside the mesh " + where.describe() + " but passed " +
-                          std::to_string(local.size()) + " elements");
+        throw error_on<usage_error>(where.parent().rank(), "global_tensor::from_local",
+                                    "this rank is outside the mesh ", where.describe(), " but passed ", local.size(),
+                                    " elements");
       return t;
     }
     const std::size_t want = t.my_box().elements();
     if (local.size() != want)
-      throw usage_error(detail::on_rank(where.parent().rank(), "global_tensor::from_local") + "tensor " +
-                        to_string(t.shape_) + " " + to_string<Sbp>() + " has a shard of " + std::to_string(want) +
-                        " elements " + to_string(t.local_shape()) + " on this rank, but " +
-                        std::to_string(local.size()) + " were given");
+      throw error_on<usage_error>(where.parent().rank(), "global_tensor::from_local", "tensor ", to_string(t.shape_),
+                                  " ", to_string<Sbp>(), " has a shard of ", want, " elements ",
+                                  to_string(t.local_shape()), " on this rank, but ", local.size(), " were given");
     t.local_ = std::move(local);
     return t;
   }
@@ -327,16 +326,16 @@ class global_tensor {
     for (std::size_t d = 0; d < mesh_rank; ++d) {
       const parallel& e = nd_sbp::value[d];
       if (e.is_split() && static_cast<std::size_t>(e.axis) >= shape_.size())
-        throw usage_error(detail::on_rank(where.parent().rank(), "global_tensor") + "SBP " + to_string<Sbp>() +
-                          " splits tensor axis " + std::to_string(e.axis) + " but the shape " + to_string(shape_) +
-                          " has " + std::to_string(shape_.size()) + " axes");
+        throw error_on<usage_error>(where.parent().rank(), "global_tensor", "SBP ", to_string<Sbp>(),
+                                    " splits tensor axis ", e.axis, " but the shape ", to_string(shape_), " has ",
+                                    shape_.size(), " axes");
     }
   }
   static void check_full(const placement_type& where, const shape_t& shape, std::size_t given, const char* what) {
     if (given != elements_of(shape))
-      throw usage_error(detail::on_rank(where.parent().rank(), std::string("global_tensor::") + what) + "shape " +
-                        to_string(shape) + " has " + std::to_string(elements_of(shape)) + " elements but " +
-                        std::to_string(given) + " were given");
+      throw error_on<usage_error>(where.parent().rank(), std::string("global_tensor::") + what, "shape ",
+                                  to_string(shape), " has ", elements_of(shape), " elements but ", given,
+                                  " were given");
   }
   void zero_partial_copies() { detail::zero_partial_copies<T>(local_, nd_sbp::value, placement_.coords()); }
 

@@ -198,15 +198,16 @@ struct embedding_rule {
 template <class TA, class TB>
 void require_same_placement(const TA& a, const TB& b, const char* op) {
   if (!(a.where() == b.where()))
-    throw usage_error(on_rank(a.where().parent().rank(), op) + "the operands live on different placements (" +
-                      a.where().describe() + " and " + b.where().describe() + "); box one with a placement change");
+    throw error_on<usage_error>(a.where().parent().rank(), op, "the operands live on different placements (",
+                                a.where().describe(), " and ", b.where().describe(),
+                                "); box one with a placement change");
 }
 
 template <class TA, class TB>
 void require_same_shape(const TA& a, const TB& b, const char* op) {
   if (a.shape() != b.shape())
-    throw usage_error(on_rank(a.where().parent().rank(), op) + "shapes " + to_string(a.shape()) + " and " +
-                      to_string(b.shape()) + " differ");
+    throw error_on<usage_error>(a.where().parent().rank(), op, "shapes ", to_string(a.shape()), " and ",
+                                to_string(b.shape()), " differ");
 }
 
 struct conv2d_rule {
@@ -355,14 +356,14 @@ auto matmul(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& b) {
       using Out = detail::sbp_type_of<sig.out, detail::both_one_axis<A, B>>;
       detail::require_same_placement(a, b, "matmul");
       if (a.shape().size() != 2 || b.shape().size() != 2 || a.shape()[1] != b.shape()[0])
-        throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "shapes " + to_string(a.shape()) +
-                          " x " + to_string(b.shape()) + " do not multiply ([m, k] x [k, n])");
+        throw error_on<usage_error>(a.where().parent().rank(), "matmul", "shapes ", to_string(a.shape()), " x ",
+                                    to_string(b.shape()), " do not multiply ([m, k] x [k, n])");
       const shape_t out_shape{a.shape()[0], b.shape()[1]};
       if (!a.where().contains_me()) return global_tensor<T, Out, M>::adopt(a.where(), out_shape, {});
       const shape_t la = a.local_shape(), lb = b.local_shape();
       if (la[1] != lb[0])
-        throw usage_error(detail::on_rank(a.where().parent().rank(), "matmul") + "local shards " + to_string(la) +
-                          " x " + to_string(lb) + " do not multiply");
+        throw error_on<usage_error>(a.where().parent().rank(), "matmul", "local shards ", to_string(la), " x ",
+                                    to_string(lb), " do not multiply");
       aligned_vector<T> c = a.where().pool().template acquire<T>(la[0] * lb[1]);  // gemm writes every element
       local::gemm(la[0], lb[1], la[1], a.to_local().data(), b.to_local().data(), c.data());
       return global_tensor<T, Out, M>::adopt(a.where(), out_shape, std::move(c));
@@ -462,8 +463,8 @@ auto softmax(const global_tensor<T, A, M>& t) {
     return;
   } else {
     if (static_cast<std::size_t>(Axis) >= t.shape().size())
-      throw usage_error(detail::on_rank(t.where().parent().rank(), "softmax") + "axis " + std::to_string(Axis) +
-                        " of a tensor of shape " + to_string(t.shape()));
+      throw error_on<usage_error>(t.where().parent().rank(), "softmax", "axis ", Axis, " of a tensor of shape ",
+                                  to_string(t.shape()));
     const shape_t ls = t.local_shape();
     aligned_vector<T> out = t.where().pool().acquire_copy(t.to_local());
     if (!out.empty()) {
@@ -498,9 +499,8 @@ auto embedding(const global_tensor<T, W, M>& weight, const global_tensor<std::in
       using Out = detail::sbp_type_of<sig.out, detail::both_one_axis<W, I>>;
       detail::require_same_placement(weight, ids, "embedding");
       if (weight.shape().size() != 2 || ids.shape().size() != 1)
-        throw usage_error(detail::on_rank(weight.where().parent().rank(), "embedding") + "weight " +
-                          to_string(weight.shape()) + " and ids " + to_string(ids.shape()) +
-                          ": it needs weight [V, D] and ids [N]");
+        throw error_on<usage_error>(weight.where().parent().rank(), "embedding", "weight ", to_string(weight.shape()),
+                                    " and ids ", to_string(ids.shape()), ": it needs weight [V, D] and ids [N]");
       const shape_t out_shape{ids.shape()[0], weight.shape()[1]};
       if (!weight.where().contains_me()) return global_tensor<T, Out, M>::adopt(weight.where(), out_shape, {});
       const box rows = weight.my_box();
@@ -510,8 +510,8 @@ auto embedding(const global_tensor<T, W, M>& weight, const global_tensor<std::in
       for (std::size_t i = 0; i < ids.to_local().size(); ++i) {
         const std::int64_t id = ids.to_local()[i];
         if (id < 0 || static_cast<std::size_t>(id) >= weight.shape()[0])
-          throw usage_error(detail::on_rank(weight.where().parent().rank(), "embedding") + "id " + std::to_string(id) +
-                            " is outside the vocabulary of " + std::to_string(weight.shape()[0]) + " rows");
+          throw error_on<usage_error>(weight.where().parent().rank(), "embedding", "id ", id,
+                                      " is outside the vocabulary of ", weight.shape()[0], " rows");
         const auto row = static_cast<std::size_t>(id);
         if (row < rows.offset[0] || row >= rows.offset[0] + rows.extent[0]) continue;
         std::copy_n(w.begin() + static_cast<std::ptrdiff_t>((row - rows.offset[0]) * cols), cols,
@@ -533,8 +533,8 @@ auto reduce_sum(const global_tensor<T, A, M>& t) {
   } else {
     using Out = detail::sbp_type_of<sig.out, one_axis_sbp<A>>;
     if (static_cast<std::size_t>(Axis) >= t.shape().size())
-      throw usage_error(detail::on_rank(t.where().parent().rank(), "reduce_sum") + "axis " + std::to_string(Axis) +
-                        " of a tensor of shape " + to_string(t.shape()));
+      throw error_on<usage_error>(t.where().parent().rank(), "reduce_sum", "axis ", Axis, " of a tensor of shape ",
+                                  to_string(t.shape()));
     shape_t out_shape = t.shape();
     out_shape.erase(out_shape.begin() + Axis);
     if (!t.where().contains_me()) return global_tensor<T, Out, M>::adopt(t.where(), out_shape, {});

@@ -33,15 +33,6 @@
 
 namespace flexpar::sbp {
 
-namespace detail {
-/// "[rank 3] what: ", the start of every SBP error.
-inline std::string on_rank(int rank, std::string_view what) {
-  std::string s = "[rank ";
-  s.append(std::to_string(rank)).append("] ").append(what).append(": ");
-  return s;
-}
-}  // namespace detail
-
 /// A MeshRank-dimensional mesh of ranks of a parent communicator (header above). Cheap to copy.
 template <std::size_t MeshRank>
 class placement {
@@ -65,23 +56,21 @@ class placement {
     int cells = 1;
     for (int e : shape) {
       if (e < 1)
-        throw usage_error(detail::on_rank(parent.rank(), "placement") + "mesh extent " + std::to_string(e) + " in " +
-                          describe(shape) + "; every extent must be >= 1");
+        throw error_on<usage_error>(parent.rank(), "placement", "mesh extent ", e, " in ", describe(shape),
+                                    "; every extent must be >= 1");
       cells *= e;
     }
     if (ranks.empty()) {
       for (int r = 0; r < parent.size(); ++r) ranks.push_back(r);
     }
     if (static_cast<int>(ranks.size()) != cells)
-      throw usage_error(detail::on_rank(parent.rank(), "placement") + "mesh " + describe(shape) + " has " +
-                        std::to_string(cells) + " cells but " + std::to_string(ranks.size()) +
-                        " ranks were given (the parent communicator has " + std::to_string(parent.size()) + ")");
+      throw error_on<usage_error>(parent.rank(), "placement", "mesh ", describe(shape), " has ", cells, " cells but ",
+                                  ranks.size(), " ranks were given (the parent communicator has ", parent.size(), ")");
     std::vector<bool> seen(static_cast<std::size_t>(parent.size()), false);
     for (int r : ranks) {
       if (r < 0 || r >= parent.size() || seen[static_cast<std::size_t>(r)])
-        throw usage_error(detail::on_rank(parent.rank(), "placement") + "rank " + std::to_string(r) +
-                          " is outside the parent communicator of " + std::to_string(parent.size()) +
-                          " ranks or listed twice");
+        throw error_on<usage_error>(parent.rank(), "placement", "rank ", r, " is outside the parent communicator of ",
+                                    parent.size(), " ranks or listed twice");
       seen[static_cast<std::size_t>(r)] = true;
     }
     s_->ranks = std::move(ranks);
@@ -172,13 +161,8 @@ class placement {
     return s.append("]");
   }
   [[nodiscard]] usage_error outside(const char* what) const {
-    std::string text = "[rank ";
-    text.append(std::to_string(s_->parent->rank()))
-        .append("] placement::")
-        .append(what)
-        .append(": this rank is not in the mesh ")
-        .append(describe());
-    return usage_error(text);
+    return error_on<usage_error>(s_->parent->rank(), std::string("placement::").append(what),
+                                 "this rank is not in the mesh ", describe());
   }
   std::shared_ptr<state> s_;
 };
@@ -222,7 +206,7 @@ class static_mesh : public placement<sizeof...(Extents)> {
   static std::vector<int> checked(communicator& parent, std::vector<int> ranks) {
     const int given = ranks.empty() ? parent.size() : static_cast<int>(ranks.size());
     if (given != cells) {
-      std::string text = detail::on_rank(parent.rank(), name());
+      std::string text = on_rank(parent.rank(), name());
       text.append("the mesh has ")
           .append(std::to_string(cells))
           .append(" cells but ")

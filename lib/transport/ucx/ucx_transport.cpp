@@ -169,10 +169,12 @@ class ucx_shared {
       FLEXPAR_CHECK_UCX(rank_, armed);
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now);
       pollfd fd{efd_, POLLIN, 0};
-      if (::poll(&fd, 1, static_cast<int>(std::min(left, max_sleep).count())) < 0 && errno != EINTR)
-        throw transport_error("UCX", errno,
-                              "[rank " + std::to_string(rank_) + "] poll() on the UCX worker's event fd failed: " +
-                                  std::system_category().message(errno));
+      if (::poll(&fd, 1, static_cast<int>(std::min(left, max_sleep).count())) < 0 && errno != EINTR) {
+        const int code = errno;  // read once: building the text may change errno
+        throw transport_error("UCX", code,
+                              error_text(rank_, "", "poll() on the UCX worker's event fd failed: ",
+                                         std::system_category().message(code)));
+      }
     }
   }
 
@@ -545,7 +547,8 @@ class ucx_transport final : public transport {
     const deadline until = deadline_after(config_.timeout);
     const bool together = !finalized && barrier(until);
     if (!together && !finalized)
-      std::fprintf(stderr, "[rank %d] ucx: not every rank reached the transport's teardown; closing anyway\n", rank_);
+      std::fprintf(stderr, "%s\n",
+                   error_text(rank_, "ucx", "not every rank reached the transport's teardown; closing anyway").c_str());
     const bool closed = together && shared_->close_endpoints(false, until);
     if (!closed) shared_->close_endpoints(true, deadline_after(std::chrono::seconds(1)));
     if (together) barrier(until);

@@ -228,8 +228,8 @@ void box_axis(axis_view<T>& v, split<I>, partial<Op>) {
 /// a hand-made dynamic route).
 template <element T, reduce_op A, reduce_op B>
 requires(A != B) void box_axis(axis_view<T>& v, partial<A>, partial<B>) {
-  throw usage_error(detail::on_rank(v.comm.rank(), "box_axis") + "P(" + std::string(name_of(A)) + ") -> P(" +
-                    std::string(name_of(B)) + ") has no one-step transform; box through B");
+  throw error_on<usage_error>(v.comm.rank(), "box_axis", "P(", name_of(A), ") -> P(", name_of(B),
+                              ") has no one-step transform; box through B");
 }
 
 }  // namespace flexpar::sbp

@@ -65,8 +65,9 @@ auto to(const global_tensor<T, From, M>& t, const placement<N2>& dest) {
   using Dst = detail::sbp_type_of<dst_sbp, false>;
   communicator& parent = t.where().parent();
   if (&parent != &dest.parent())
-    throw usage_error(detail::on_rank(parent.rank(), "sbp::to(placement)") + "the source mesh " + t.where().describe() +
-                      " and the destination mesh " + dest.describe() + " are built over different communicators");
+    throw error_on<usage_error>(parent.rank(), "sbp::to(placement)", "the source mesh ", t.where().describe(),
+                                " and the destination mesh ", dest.describe(),
+                                " are built over different communicators");
   auto&& src = to<Src>(t);
   const shape_t& shape = t.shape();
   const placement<N1>& from = t.where();
