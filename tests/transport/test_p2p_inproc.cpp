@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <utility>
+#include <vector>
 
 #include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/transport/inproc.hpp>
@@ -19,6 +21,18 @@ config short_timeouts() {
   config c;
   c.timeout = std::chrono::seconds(30);
   return c;
+}
+
+TEST(p2p_patterns, message_is_pattern_byte_at_every_index) {
+  for (const std::size_t size : {std::size_t{0}, std::size_t{1}, std::size_t{4095}, std::size_t{4096},
+                                 std::size_t{3 * 4096 + 5}, std::size_t{300 * 4096 + 17}})
+    for (const auto& [from, to] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{6, 7}, std::pair{3, 250}}) {
+      const std::vector<std::byte> m = testing_support::pattern_message(from, to, size);
+      ASSERT_EQ(m.size(), size);
+      for (std::size_t i = 0; i < size; ++i)
+        ASSERT_EQ(m[i], testing_support::pattern_byte(from, to, size, i))
+            << "byte " << i << " of " << from << " -> " << to << ", " << size << " bytes";
+    }
 }
 
 class inproc_p2p : public ::testing::TestWithParam<int> {};
