@@ -1,8 +1,13 @@
 // The sweep every collective test runs: dtypes x ops x counts x placement, with oracles from oracle.hpp.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdlib>
+#include <iterator>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <flexpar/collective.hpp>
@@ -44,9 +49,33 @@ std::string describe(const sweep_case& c, const communicator& comm, std::string_
          std::to_string(c.count) + (c.in_place ? " in place" : " out of place");
 }
 
+/// The dtypes the sweeps run: every dtype, or those FLEXPAR_TEST_DTYPES lists by name_of
+/// ("f32,f64,bf16,i8"). The sanitized stage of scripts/test names one dtype of each element size:
+/// bounds and lifetimes in the collectives depend on the element's size, not on its arithmetic, which
+/// the Release run checks for all eight. A name that is not a dtype throws, so a typo cannot quietly
+/// run nothing.
+inline std::vector<dtype> swept_dtypes() {
+  std::vector<dtype> chosen;
+  const char* env = std::getenv("FLEXPAR_TEST_DTYPES");
+  if (env == nullptr || *env == '\0') return {std::begin(all_dtypes), std::end(all_dtypes)};
+  std::string_view names = env;
+  while (!names.empty()) {
+    const std::size_t comma = names.find(',');
+    const std::string_view name = names.substr(0, comma);
+    const auto* it = std::find_if(std::begin(all_dtypes), std::end(all_dtypes),
+                                  [&](dtype t) { return name_of(t) == name; });
+    if (it == std::end(all_dtypes))
+      throw std::invalid_argument("FLEXPAR_TEST_DTYPES names \"" + std::string(name) +
+                                  "\", which is not a dtype (f32, f64, f16, bf16, i8, u8, i32, i64)");
+    chosen.push_back(*it);
+    names = comma == std::string_view::npos ? std::string_view{} : names.substr(comma + 1);
+  }
+  return chosen;
+}
+
 template <class F>
 void for_each_dtype(F&& f) {
-  for (dtype t : all_dtypes) visit_dtype(t, f);
+  for (dtype t : swept_dtypes()) visit_dtype(t, f);
 }
 
 /// Uneven counts per rank for the `v` variants: some ranks contribute nothing.
