@@ -3,6 +3,8 @@ find_package(Threads REQUIRED)
 find_package(MPI REQUIRED COMPONENTS CXX)
 # Header-only, used inside lib/ only (the timeline's JSON): not a dependency of consumers.
 find_package(nlohmann_json 3 REQUIRED)
+# The checkpoints' crc32 (lib/checkpoint/): zlib, linked privately; zlib.h is never in a public header.
+find_package(ZLIB REQUIRED)
 # The local math of the SBP ops (lib/sbp/local_math.cpp): a real BLAS, OpenBLAS unless the user picks
 # another vendor with -DBLA_VENDOR=... . Linked privately; cblas.h is never in a public header.
 if(NOT DEFINED BLA_VENDOR)

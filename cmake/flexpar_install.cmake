@@ -94,9 +94,9 @@ install(FILES "${PROJECT_BINARY_DIR}/flexparConfig.cmake" "${PROJECT_BINARY_DIR}
         COMPONENT flexpar_development)
 
 # ---- pkg-config ------------------------------------------------------------------------------
-# libflexpar is static by default, so what it links privately (UCX) is a public requirement for
-# pkg-config users who do not pass --static.
-set(FLEXPAR_PC_REQUIRES "mpich openblas")
+# libflexpar is static by default, so what it links privately (OpenBLAS, zlib, UCX) is a public
+# requirement for pkg-config users who do not pass --static.
+set(FLEXPAR_PC_REQUIRES "mpich openblas zlib")
 set(FLEXPAR_PC_LIBS_EXTRA "-pthread")
 if(FLEXPAR_HAVE_UCX)
   string(APPEND FLEXPAR_PC_REQUIRES " ucx")
