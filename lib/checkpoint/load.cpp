@@ -15,6 +15,7 @@
 #include "agree.hpp"
 #include "files.hpp"
 #include "manifest.hpp"
+#include "state_names.hpp"
 
 namespace flexpar::checkpoint {
 namespace detail {
@@ -48,8 +49,8 @@ sbp::box intersect(const sbp::box& a, const sbp::box& b) {
 }
 
 /// Calls run(from_byte, to_byte, bytes) for each contiguous run of `part` (a box inside both the
-/// row-major boxes `from` and `to`), in increasing order of from_byte. Trailing axes that `part`
-/// covers whole in both are merged first, so a box of whole rows is one run.
+/// row-major boxes `from` and `to`), in increasing order of from_byte. Inner axes that `part` covers
+/// whole in both are merged first (sbp::merge_whole_inner_axes), so a box of whole rows is one run.
 template <class Run>
 void for_each_run(const sbp::box& from, const sbp::box& to, const sbp::box& part, std::size_t element_bytes,
                   Run&& run) {
@@ -59,36 +60,27 @@ void for_each_run(const sbp::box& from, const sbp::box& to, const sbp::box& part
     run(std::size_t{0}, std::size_t{0}, element_bytes);
     return;
   }
-  sbp::shape_t so(axes), to_offset(axes), ss = from.extent, ts = to.extent, ex = part.extent;
+  sbp::shape_t from_offset(axes), to_offset(axes);
   for (std::size_t k = 0; k < axes; ++k) {
-    so[k] = part.offset[k] - from.offset[k];
+    from_offset[k] = part.offset[k] - from.offset[k];
     to_offset[k] = part.offset[k] - to.offset[k];
   }
-  while (ex.size() > 1) {
-    const std::size_t k = ex.size() - 1;
-    if (ex[k] != ss[k] || ex[k] != ts[k]) break;
-    ex[k - 1] *= ex[k];
-    so[k - 1] = so[k - 1] * ss[k] + so[k];
-    to_offset[k - 1] = to_offset[k - 1] * ts[k] + to_offset[k];
-    ss[k - 1] *= ss[k];
-    ts[k - 1] *= ts[k];
-    ex.pop_back(), ss.pop_back(), ts.pop_back(), so.pop_back(), to_offset.pop_back();
-  }
-  const std::size_t m = ex.size(), run_bytes = ex[m - 1] * element_bytes;
-  const sbp::shape_t sst = sbp::strides_of(ss), tst = sbp::strides_of(ts);
+  const sbp::box_pair b = sbp::merge_whole_inner_axes({from.extent, from_offset, to.extent, to_offset, part.extent});
+  const std::size_t m = b.extent.size(), run_bytes = b.extent[m - 1] * element_bytes;
+  const sbp::shape_t sst = sbp::strides_of(b.src_shape), tst = sbp::strides_of(b.dst_shape);
   sbp::shape_t index(m, 0);  // the odometer over the outer m - 1 axes
   for (;;) {
     std::size_t s = 0, t = 0;
     for (std::size_t k = 0; k < m; ++k) {
-      s += (so[k] + index[k]) * sst[k];
-      t += (to_offset[k] + index[k]) * tst[k];
+      s += (b.src_offset[k] + index[k]) * sst[k];
+      t += (b.dst_offset[k] + index[k]) * tst[k];
     }
     run(s * element_bytes, t * element_bytes, run_bytes);
     std::size_t k = m - 1;
     for (;;) {
       if (k == 0) return;
       --k;
-      if (++index[k] < ex[k]) break;
+      if (++index[k] < b.extent[k]) break;
       index[k] = 0;
     }
   }
@@ -188,14 +180,7 @@ void load_here(int rank, int size, const std::filesystem::path& dir, const state
   const std::string meta = (dir / metadata_file).string();
 
   // step 2
-  {
-    std::vector<std::string_view> names;
-    for (const entry& e : s.entries()) names.push_back(e.name);
-    for (const integer_entry& i : s.integers()) names.push_back(i.name);
-    std::sort(names.begin(), names.end());
-    if (auto twice = std::adjacent_find(names.begin(), names.end()); twice != names.end())
-      throw error_on<usage_error>(rank, load_op, "the state names \"", *twice, "\" twice");
-  }
+  check_unique_names(s, rank, load_op);
   for (const integer_entry& i : s.integers()) {
     auto it = std::find_if(m.integers.begin(), m.integers.end(), [&](const auto& v) { return v.first == i.name; });
     if (it == m.integers.end())

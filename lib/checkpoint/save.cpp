@@ -22,6 +22,7 @@
 #include "agree.hpp"
 #include "files.hpp"
 #include "manifest.hpp"
+#include "state_names.hpp"
 
 namespace flexpar::checkpoint {
 namespace detail {
@@ -63,15 +64,6 @@ std::filesystem::path normalized(const std::filesystem::path& dir) {
   std::filesystem::path p = std::filesystem::absolute(dir).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();
   return p;
-}
-
-void check_unique_names(const state& s, int rank, std::string_view op) {
-  std::vector<std::string_view> names;
-  for (const entry& e : s.entries()) names.push_back(e.name);
-  for (const integer_entry& i : s.integers()) names.push_back(i.name);
-  std::sort(names.begin(), names.end());
-  if (auto twice = std::adjacent_find(names.begin(), names.end()); twice != names.end())
-    throw error_on<usage_error>(rank, op, "the state names \"", *twice, "\" twice");
 }
 
 prepared_entry prepare_one(int rank, const entry& e, part& p, std::string_view op) {
@@ -143,8 +135,8 @@ void check_same_state(communicator& comm, const prepared& p, std::string_view op
   for (int r = 1; r < comm.size(); ++r)
     if (all[static_cast<std::size_t>(r)] != all[0]) differ.push_back(r);
   if (!differ.empty())
-    throw error_on<mismatch_error>(comm.rank(), op, "the ranks passed different states: ", rank_set(differ),
-                                   " differ from rank 0 in the names, holdings, dtypes, shapes, SBPs or meshes of "
+    throw error_on<mismatch_error>(comm.rank(), op, "the ranks passed different states: those of ", rank_set(differ),
+                                   " differ from rank 0's in the names, holdings, dtypes, shapes, SBPs or meshes of "
                                    "their entries, or in the names of their integers");
 }
 

@@ -167,9 +167,7 @@ class state {
   /// The same with an explicit row-major shape (its elements must be data.size()).
   template <element T>
   state& add_replicated(std::string name, std::span<T> data, sbp::shape_t shape) {
-    entries_.push_back({std::move(name), holding::replicated, dtype_of<T>,
-                        [data, shape = std::move(shape)](detail::purpose) { return detail::host_part(data, shape); }});
-    return *this;
+    return add_host(std::move(name), holding::replicated, data, std::move(shape));
   }
 
   /// A host tensor of each rank's own (its shape may differ between ranks): every rank writes its
@@ -181,9 +179,7 @@ class state {
   /// The same with an explicit row-major shape (its elements must be data.size()).
   template <element T>
   state& add_per_rank(std::string name, std::span<T> data, sbp::shape_t shape) {
-    entries_.push_back({std::move(name), holding::per_rank, dtype_of<T>,
-                        [data, shape = std::move(shape)](detail::purpose) { return detail::host_part(data, shape); }});
-    return *this;
+    return add_host(std::move(name), holding::per_rank, data, std::move(shape));
   }
 
   /// A named integer: saved from rank 0, loaded on every rank (the training step).
@@ -198,6 +194,13 @@ class state {
   [[nodiscard]] const std::vector<detail::integer_entry>& integers() const noexcept { return integers_; }
 
  private:
+  template <element T>
+  state& add_host(std::string name, holding kind, std::span<T> data, sbp::shape_t shape) {
+    entries_.push_back({std::move(name), kind, dtype_of<T>,
+                        [data, shape = std::move(shape)](detail::purpose) { return detail::host_part(data, shape); }});
+    return *this;
+  }
+
   std::vector<detail::entry> entries_;
   std::vector<detail::integer_entry> integers_;
 };

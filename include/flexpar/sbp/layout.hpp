@@ -93,6 +93,31 @@ void copy_box_axis(const T* src, const shape_t& src_strides, T* dst, const shape
 }
 }  // namespace detail
 
+/// A box of two row-major tensors (the same extents at an offset in each) described with fewer axes:
+/// see merge_whole_inner_axes.
+struct box_pair {
+  shape_t src_shape, src_offset;  ///< the first tensor's shape and the box's offset in it
+  shape_t dst_shape, dst_offset;  ///< the second tensor's shape and the box's offset in it
+  shape_t extent;                 ///< the box's extents
+};
+
+/// The same elements as `b`, with every inner axis that the box covers whole in both tensors merged
+/// into the axis before it (never the outermost one away): the box's contiguous runs are then its
+/// innermost rows, as long as the two layouts allow (a box of whole rows is one run).
+inline box_pair merge_whole_inner_axes(box_pair b) {
+  while (b.extent.size() > 1) {
+    const std::size_t k = b.extent.size() - 1;
+    if (b.extent[k] != b.src_shape[k] || b.extent[k] != b.dst_shape[k]) break;
+    b.extent[k - 1] *= b.extent[k];
+    b.src_offset[k - 1] = b.src_offset[k - 1] * b.src_shape[k] + b.src_offset[k];
+    b.dst_offset[k - 1] = b.dst_offset[k - 1] * b.dst_shape[k] + b.dst_offset[k];
+    b.src_shape[k - 1] *= b.src_shape[k];
+    b.dst_shape[k - 1] *= b.dst_shape[k];
+    for (shape_t* v : {&b.extent, &b.src_shape, &b.dst_shape, &b.src_offset, &b.dst_offset}) v->pop_back();
+  }
+  return b;
+}
+
 /// Copies the box (`src_offset`, `extent`) of a row-major tensor `src` of shape `src_shape` to the box
 /// (`dst_offset`, `extent`) of `dst` of shape `dst_shape`. Inner axes that the box covers whole in
 /// both tensors are merged first, so the innermost copy is as long as the layouts allow (a box of
@@ -105,25 +130,14 @@ void copy_box(std::span<const T> src, const shape_t& src_shape, const shape_t& s
     dst[0] = src[0];
     return;
   }
-  // merge axis k into k-1 while axis k is whole in both tensors
-  shape_t ss = src_shape, ds = dst_shape, so = src_offset, dof = dst_offset, ex = extent;
-  while (ex.size() > 1) {
-    const std::size_t k = ex.size() - 1;
-    if (ex[k] != ss[k] || ex[k] != ds[k]) break;
-    ex[k - 1] *= ex[k];
-    so[k - 1] = so[k - 1] * ss[k] + so[k];
-    dof[k - 1] = dof[k - 1] * ds[k] + dof[k];
-    ss[k - 1] *= ss[k];
-    ds[k - 1] *= ds[k];
-    ex.pop_back(), ss.pop_back(), ds.pop_back(), so.pop_back(), dof.pop_back();
-  }
-  const shape_t sst = strides_of(ss), dst_strides = strides_of(ds);
+  const box_pair m = merge_whole_inner_axes({src_shape, src_offset, dst_shape, dst_offset, extent});
+  const shape_t sst = strides_of(m.src_shape), dst_strides = strides_of(m.dst_shape);
   std::size_t s0 = 0, d0 = 0;
-  for (std::size_t i = 0; i < ex.size(); ++i) {
-    s0 += so[i] * sst[i];
-    d0 += dof[i] * dst_strides[i];
+  for (std::size_t i = 0; i < m.extent.size(); ++i) {
+    s0 += m.src_offset[i] * sst[i];
+    d0 += m.dst_offset[i] * dst_strides[i];
   }
-  detail::copy_box_axis(src.data() + s0, sst, dst.data() + d0, dst_strides, ex, 0);
+  detail::copy_box_axis(src.data() + s0, sst, dst.data() + d0, dst_strides, m.extent, 0);
 }
 
 /// `shape` with axis `axis` replaced by `n`.
