@@ -1,8 +1,11 @@
 // What the nccl-tests-style benchmarks share on their command lines.
 #pragma once
 
+#include <mpi.h>
+
 #include <CLI/CLI.hpp>
 #include <cstddef>
+#include <optional>
 #include <string>
 
 namespace flexpar::bench {
@@ -29,6 +32,21 @@ inline std::size_t parse_size(const std::string& text) {
     }
   }
   return static_cast<std::size_t>(value * scale);
+}
+
+/// Parses `app` from the command line of an MPI benchmark. On --help or a mistake, rank 0 prints what
+/// CLI11 says (the other ranks nothing: a job says it once), MPI is finalized, and the exit status to
+/// return from main is returned; nullopt when the benchmark goes on.
+///   if (const auto done = flexpar::bench::parse_or_finalize(app, argc, argv, rank)) return *done;
+inline std::optional<int> parse_or_finalize(CLI::App& app, int argc, char** argv, int rank) {
+  try {
+    app.parse(argc, argv);
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    const int code = rank == 0 ? app.exit(e) : 0;
+    MPI_Finalize();
+    return code;
+  }
 }
 
 }  // namespace flexpar::bench

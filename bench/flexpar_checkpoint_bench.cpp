@@ -129,13 +129,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, size));
   app.add_option("--chunk", chunk_text, "save_options::chunk_bytes, and the raw write's write() size (K/M/G)");
   app.add_option("--dir", dir_text, "where to write (default: a directory under the system's temporary directory)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = rank == 0 ? app.exit(e) : 0;
-    MPI_Finalize();
-    return code;
-  }
+  if (const auto done = flexpar::bench::parse_or_finalize(app, argc, argv, rank)) return *done;
   int status = 0;
   try {
     flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD, flexpar::config::from_environment(),

@@ -21,6 +21,7 @@
 #include <flexpar/collective.hpp>
 #include <flexpar/engine/engine.hpp>
 
+#include "bench_cli.hpp"
 #include "bench_timing.hpp"
 
 namespace {
@@ -83,13 +84,7 @@ int main(int argc, char** argv) {
   app.add_option("-s,--bytes", tensor_bytes, "bytes per tensor for (a)");
   app.add_option("-k,--tiny", tiny, "4-byte tensors per step for (b)");
   app.add_option("--steps", steps, "measured steps per row");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = rank == 0 ? app.exit(e) : 0;
-    MPI_Finalize();
-    return code;
-  }
+  if (const auto done = flexpar::bench::parse_or_finalize(app, argc, argv, rank)) return *done;
   int status = 0;
   try {
     flexpar::config base = flexpar::config::from_environment();

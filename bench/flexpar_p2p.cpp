@@ -98,13 +98,7 @@ int main(int argc, char** argv) {
   app.add_option("-f,--stepfactor", factor, "multiply the size by this between rows")->check(CLI::Range(2, 1 << 20));
   app.add_option("-n,--iters", iterations, "round trips per row (default: by size, 10..1000)");
   app.add_option("-t,--transports", which, "which of raw-mpi flexpar-mpi raw-ucx flexpar-ucx");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = rank == 0 ? app.exit(e) : 0;
-    MPI_Finalize();
-    return code;
-  }
+  if (const auto done = flexpar::bench::parse_or_finalize(app, argc, argv, rank)) return *done;
   if (size < 2) {
     if (rank == 0) std::fprintf(stderr, "flexpar_p2p needs at least 2 ranks (mpiexec -n 2 ...)\n");
     MPI_Finalize();

@@ -287,13 +287,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--cols", cols, "columns of the [n, cols] tensors (S(1)'s runs: cols / p elements)")
       ->check(CLI::PositiveNumber);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = rank == 0 ? app.exit(e) : 0;
-    MPI_Finalize();
-    return code;
-  }
+  if (const auto done = flexpar::bench::parse_or_finalize(app, argc, argv, rank)) return *done;
   int status = 0;
   {
     flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
