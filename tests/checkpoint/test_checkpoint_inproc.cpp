@@ -33,15 +33,6 @@ extern char** environ;
 namespace flexpar::checkpoint {
 namespace {
 
-using flexpar::sbp::broadcast;
-using flexpar::sbp::global_tensor;
-using flexpar::sbp::nd_of;
-using flexpar::sbp::parallel;
-using flexpar::sbp::partial;
-using flexpar::sbp::partial_sum;
-using flexpar::sbp::placement;
-using flexpar::sbp::split;
-using flexpar::sbp::to_string;
 using flexpar::sbp::testing_support::distinct_source;
 using flexpar::sbp::testing_support::logical;
 using flexpar::testing_support::with_timeout;
@@ -91,6 +82,54 @@ void expect_all_name(const std::vector<std::string>& texts, std::initializer_lis
     for (const std::string& part : parts)
       EXPECT_NE(texts[r].find(part), std::string::npos)
           << "rank " << r << "'s error lacks \"" << part << "\": " << texts[r];
+}
+
+// ---- the snippets of doc/checkpoint.md ------------------------------------------------------------
+
+// Saved in the background from 2 ranks as S(0), loaded on 3 as S(1), with the step.
+TEST(checkpoint_doc, an_async_save_on_two_ranks_loads_resharded_on_three) {
+  const std::filesystem::path checkpoints = scratch("doc");
+  const shape_t shape{6, 4};
+  std::vector<float> values(24);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  run_in_process(
+      2,
+      [&](communicator& comm) {
+        placement<1> mesh(comm, {2});
+        auto w = global_tensor<float, split<0>>::from_full(mesh, shape, values);
+        std::vector<float> lr_scale(4, 0.5f);
+        std::int64_t step = 100;
+        // [snippet:checkpoint_save]
+        flexpar::checkpoint::state s;
+        s.add("fc1.weight", w)                                // a global_tensor: any placement and SBP
+            .add_replicated("lr_scale", std::span(lr_scale))  // host memory, the same on every rank
+            .add_integer("step", step);
+        flexpar::checkpoint::async_saver saver(comm);  // collective: its thread writes on a split of comm
+        flexpar::checkpoint::save_handle saving = saver.save(checkpoints / "step_100", s);  // a snapshot
+        for (float& x : w.to_local()) x = 0;  // the next step changes w while the files are written
+        saving.wait();                        // committed: metadata.json and the directory renamed
+        // [/snippet:checkpoint_save]
+      },
+      with_timeout());
+  run_in_process(
+      3,
+      [&](communicator& comm) {
+        // [snippet:checkpoint_load]
+        const flexpar::checkpoint::contents saved = flexpar::checkpoint::read_contents(checkpoints / "step_100");
+        const shape_t w_shape = saved.find("fc1.weight")->shape;  // [6, 4], saved as S(0) on 2 ranks
+        placement<1> mesh(comm, {3});
+        auto w = global_tensor<float, split<1>>::from_full(mesh, w_shape, std::vector<float>(24));
+        std::vector<float> lr_scale(4);
+        std::int64_t step = 0;
+        flexpar::checkpoint::state s;
+        s.add("fc1.weight", w).add_replicated("lr_scale", std::span(lr_scale)).add_integer("step", step);
+        flexpar::checkpoint::load(comm, checkpoints / "step_100", s);  // each rank reads its columns
+        // [/snippet:checkpoint_load]
+        EXPECT_EQ(w.to_full(), values);
+        EXPECT_EQ(step, 100);
+        EXPECT_EQ(lr_scale, std::vector<float>(4, 0.5f));
+      },
+      with_timeout());
 }
 
 // ---- resharding ---------------------------------------------------------------------------------
@@ -421,14 +460,18 @@ TEST(checkpoint_async, wait_has_a_deadline) {
 
 // ---- errors ------------------------------------------------------------------------------------
 
-/// The load of the scenario's S(0) tensor on 2 ranks (its region at the front of rank 0's file).
-void load_w(communicator& comm, const std::filesystem::path& dir) {
+/// Loads tensor `name` of `shape` as S(0) of T on every rank of `comm`.
+template <class T>
+void load_as(communicator& comm, const std::filesystem::path& dir, const std::string& name, const shape_t& shape) {
   placement<1> mesh(comm, {comm.size()});
-  auto w = filled<float, split<0>>(mesh, w_s0.shape, 99.0f);
+  auto t = filled<T, split<0>>(mesh, shape, T(99));
   state s;
-  s.add(w_s0.name, w);
+  s.add(name, t);
   load(comm, dir, s);
 }
+
+/// The load of the scenario's S(0) tensor (its region at the front of rank 0's file).
+void load_w(communicator& comm, const std::filesystem::path& dir) { load_as<float>(comm, dir, w_s0.name, w_s0.shape); }
 
 std::filesystem::path saved_model(const std::string& name, int ranks = 2) {
   const auto dir = scratch(name);
@@ -505,29 +548,17 @@ TEST(checkpoint_errors, another_models_checkpoint_names_the_tensor_and_both_side
   const std::string meta = (dir / "metadata.json").string();
   expect_all_name(errors_of<mismatch_error>(2,
                                             [&](communicator& comm) {
-                                              placement<1> mesh(comm, {2});
-                                              auto w = filled<float, split<0>>(mesh, {7, 5}, 99.0f);
-                                              state s;
-                                              s.add("decoder.w", w);
-                                              load(comm, dir, s);
+                                              load_as<float>(comm, dir, "decoder.w", {7, 5});
                                             }),
                   {"\"decoder.w\" is not in the checkpoint", meta, "\"w_s0\""});
   expect_all_name(errors_of<mismatch_error>(2,
                                             [&](communicator& comm) {
-                                              placement<1> mesh(comm, {2});
-                                              auto w = filled<float, split<0>>(mesh, {7, 6}, 99.0f);
-                                              state s;
-                                              s.add(w_s0.name, w);
-                                              load(comm, dir, s);
+                                              load_as<float>(comm, dir, w_s0.name, {7, 6});
                                             }),
                   {"\"w_s0\"", "shape [7, 5]", "shape [7, 6]", meta});
   expect_all_name(errors_of<mismatch_error>(2,
                                             [&](communicator& comm) {
-                                              placement<1> mesh(comm, {2});
-                                              auto w = filled<double, split<0>>(mesh, {7, 5}, 99.0);
-                                              state s;
-                                              s.add(w_s0.name, w);
-                                              load(comm, dir, s);
+                                              load_as<double>(comm, dir, w_s0.name, {7, 5});
                                             }),
                   {"\"w_s0\"", "dtype f32", "f64"});
   expect_all_name(errors_of<mismatch_error>(3,

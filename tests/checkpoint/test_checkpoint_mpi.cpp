@@ -20,15 +20,6 @@ namespace flexpar::checkpoint {
 namespace {
 
 using namespace testing_support;
-using flexpar::sbp::broadcast;
-using flexpar::sbp::global_tensor;
-using flexpar::sbp::nd_of;
-using flexpar::sbp::parallel;
-using flexpar::sbp::partial;
-using flexpar::sbp::partial_sum;
-using flexpar::sbp::placement;
-using flexpar::sbp::split;
-using flexpar::sbp::to_string;
 
 std::filesystem::path shared_directory() {
   const char* dir = std::getenv("FLEXPAR_CHECKPOINT_MPI_DIR");
