@@ -96,9 +96,11 @@ void copy_box_axis(const T* src, const shape_t& src_strides, T* dst, const shape
 /// A box of two row-major tensors (the same extents at an offset in each) described with fewer axes:
 /// see merge_whole_inner_axes.
 struct box_pair {
-  shape_t src_shape, src_offset;  ///< the first tensor's shape and the box's offset in it
-  shape_t dst_shape, dst_offset;  ///< the second tensor's shape and the box's offset in it
-  shape_t extent;                 ///< the box's extents
+  shape_t src_shape;   ///< the first tensor's shape
+  shape_t src_offset;  ///< the box's offset in the first tensor
+  shape_t dst_shape;   ///< the second tensor's shape
+  shape_t dst_offset;  ///< the box's offset in the second tensor
+  shape_t extent;      ///< the box's extents
 };
 
 /// The same elements as `b`, with every inner axis that the box covers whole in both tensors merged
