@@ -62,11 +62,14 @@ inline std::vector<dtype> swept_dtypes() {
   while (!names.empty()) {
     const std::size_t comma = names.find(',');
     const std::string_view name = names.substr(0, comma);
-    const auto* it = std::find_if(std::begin(all_dtypes), std::end(all_dtypes),
-                                  [&](dtype t) { return name_of(t) == name; });
-    if (it == std::end(all_dtypes))
-      throw std::invalid_argument("FLEXPAR_TEST_DTYPES names \"" + std::string(name) +
-                                  "\", which is not a dtype (f32, f64, f16, bf16, i8, u8, i32, i64)");
+    const auto* it =
+        std::find_if(std::begin(all_dtypes), std::end(all_dtypes), [&](dtype t) { return name_of(t) == name; });
+    if (it == std::end(all_dtypes)) {
+      std::string known;
+      for (dtype t : all_dtypes) known += (known.empty() ? "" : ", ") + std::string(name_of(t));
+      throw std::invalid_argument("FLEXPAR_TEST_DTYPES names \"" + std::string(name) + "\", which is not a dtype (" +
+                                  known + ")");
+    }
     chosen.push_back(*it);
     names = comma == std::string_view::npos ? std::string_view{} : names.substr(comma + 1);
   }

@@ -126,15 +126,17 @@ TEST_P(inproc_collectives, reduce_scatter_and_v_match_the_oracle) {
         [&](communicator& comm) {
           const auto me = static_cast<std::size_t>(comm.rank());
           for (const auto& c : cases) {
-            for (bool uneven : {false, true})
+            for (bool uneven : {false, true}) {
+              const std::vector<std::size_t> counts =
+                  uneven ? uneven_counts(p, c.count) : std::vector<std::size_t>(static_cast<std::size_t>(p), c.count);
+              const block_layout layout = block_layout::of_counts(counts);
+              // the input and the oracle once per layout (the serial oracle was most of the test's time)
+              const std::vector<T> original = make_input<T>(c.op, comm.rank(), layout.total);
+              const std::vector<T> want = expected_reduction<T>(c.op, p, counts[me], layout.displs[me]);
               // (automatic is shared_memory on this one node: test_collectives_mpi and the boxing
               // tests run it)
               for (algorithm a : {algorithm::ring, algorithm::shared_memory}) {
-                const std::vector<std::size_t> counts =
-                    uneven ? uneven_counts(p, c.count) : std::vector<std::size_t>(static_cast<std::size_t>(p), c.count);
-                const block_layout layout = block_layout::of_counts(counts);
-                std::vector<T> input = make_input<T>(c.op, comm.rank(), layout.total);
-                const std::vector<T> original = input;
+                std::vector<T> input = original;
                 std::vector<T> got;
                 if (c.in_place) {
                   std::span<T> mine = uneven ? reduce_scatter_v(comm, std::span(input), counts, c.op, a)
@@ -149,10 +151,11 @@ TEST_P(inproc_collectives, reduce_scatter_and_v_match_the_oracle) {
                     reduce_scatter(comm, std::span<const T>(input), std::span(got), c.op, a);
                   EXPECT_EQ(input, original) << "out of place changed its input";
                 }
-                EXPECT_TRUE(same_elements(got, expected_reduction<T>(c.op, p, counts[me], layout.displs[me]),
+                EXPECT_TRUE(same_elements(got, want,
                                           describe<T>(c, comm, uneven ? "reduce_scatter_v" : "reduce_scatter") + " " +
                                               std::string(name_of(a))));
               }
+            }
           }
         },
         test_config());
@@ -183,18 +186,20 @@ TEST_P(inproc_collectives, reduce_scatter_v_with_the_result_at_the_front_matches
               for (int r = 1; r < p; ++r) counts.push_back(2 * c.count + static_cast<std::size_t>(r));
               layouts.push_back(counts);
             }
-            for (const auto& counts : layouts)
+            for (const auto& counts : layouts) {
+              const block_layout layout = block_layout::of_counts(counts);
+              const std::vector<T> original = make_input<T>(c.op, comm.rank(), layout.total);
+              const std::vector<T> want = expected_reduction<T>(c.op, p, counts[me], layout.displs[me]);
               for (algorithm a : {algorithm::ring, algorithm::shared_memory}) {
-                const block_layout layout = block_layout::of_counts(counts);
-                std::vector<T> input = make_input<T>(c.op, comm.rank(), layout.total);
+                std::vector<T> input = original;
                 const std::span<T> mine = reduce_scatter_v(comm, std::span(input), counts, c.op, result_at::front, a);
                 EXPECT_EQ(mine.data(), input.data());
                 EXPECT_EQ(mine.size(), counts[me]);
-                EXPECT_TRUE(same_elements(std::vector<T>(mine.begin(), mine.end()),
-                                          expected_reduction<T>(c.op, p, counts[me], layout.displs[me]),
+                EXPECT_TRUE(same_elements(std::vector<T>(mine.begin(), mine.end()), want,
                                           describe<T>(c, comm, "reduce_scatter_v(result_at::front)") + " " +
                                               std::string(name_of(a)) + " first block " + std::to_string(counts[0])));
               }
+            }
           }
         },
         test_config());
@@ -222,9 +227,9 @@ TEST_P(inproc_collectives, allgather_and_v_match_the_oracle) {
                                                  layout.displs[static_cast<std::size_t>(q)]);
                 want.insert(want.end(), block.begin(), block.end());
               }
+              const std::vector<T> mine = make_input<T>(c.op, comm.rank(), counts[me], layout.displs[me]);
               for (algorithm a :
                    {algorithm::ring, algorithm::recursive_doubling, algorithm::shared_memory, algorithm::automatic}) {
-                const std::vector<T> mine = make_input<T>(c.op, comm.rank(), counts[me], layout.displs[me]);
                 std::vector<T> out(layout.total, from_int<T>(99));
                 if (c.in_place) {
                   std::copy(mine.begin(), mine.end(), out.begin() + static_cast<std::ptrdiff_t>(layout.displs[me]));
@@ -322,25 +327,25 @@ TEST_P(inproc_collectives, broadcast_and_reduce_match_the_oracle_from_every_kind
         p,
         [&](communicator& comm) {
           for (const auto& c : cases) {
+            // inputs and oracles once per case (the serial oracle was most of the test's time)
+            const std::vector<T> input = make_input<T>(c.op, comm.rank(), c.count);
+            const std::vector<T> reduced = expected_reduction<T>(c.op, p, c.count);
             for (int root : {0, p - 1, p / 2}) {
+              const std::vector<T> root_data = make_input<T>(c.op, root, c.count);
               for (algorithm a : {algorithm::chain, algorithm::binomial_tree, algorithm::automatic}) {
                 const std::string how = std::string(name_of(a)) + " root " + std::to_string(root);
                 if (c.op == reduce_op::sum && c.in_place) {  // broadcast has no op and is always in place
-                  std::vector<T> data = comm.rank() == root ? make_input<T>(c.op, root, c.count)
-                                                            : std::vector<T>(c.count, from_int<T>(99));
+                  std::vector<T> data = comm.rank() == root ? root_data : std::vector<T>(c.count, from_int<T>(99));
                   broadcast(comm, std::span(data), root, a);
-                  EXPECT_TRUE(same_elements(data, make_input<T>(c.op, root, c.count),
-                                            describe<T>(c, comm, "broadcast " + how)));
+                  EXPECT_TRUE(same_elements(data, root_data, describe<T>(c, comm, "broadcast " + how)));
                 }
-                const std::vector<T> input = make_input<T>(c.op, comm.rank(), c.count);
                 std::vector<T> out = c.in_place ? input : std::vector<T>(c.count, from_int<T>(99));
                 if (c.in_place)
                   reduce(comm, std::span(out), c.op, root, a);
                 else
                   reduce(comm, std::span(input), std::span(out), c.op, root, a);
                 if (comm.rank() == root) {
-                  EXPECT_TRUE(same_elements(out, expected_reduction<T>(c.op, p, c.count),
-                                            describe<T>(c, comm, "reduce " + how)));
+                  EXPECT_TRUE(same_elements(out, reduced, describe<T>(c, comm, "reduce " + how)));
                 } else if (c.in_place) {
                   EXPECT_TRUE(same_elements(out, input, describe<T>(c, comm, "reduce leaves non-roots alone, " + how)));
                 }
@@ -363,26 +368,27 @@ TEST_P(inproc_collectives, alltoall_delivers_every_block_to_its_rank) {
         [&](communicator& comm) {
           // the largest count takes several shared-memory rounds (a section is at most 256 KiB)
           for (std::size_t count :
-               {std::size_t{0}, std::size_t{1}, std::size_t{7}, pipeline_chunk_bytes / sizeof(T) + 1})
+               {std::size_t{0}, std::size_t{1}, std::size_t{7}, pipeline_chunk_bytes / sizeof(T) + 1}) {
+            const std::size_t total = count * static_cast<std::size_t>(p);
+            const std::vector<T> input = make_input<T>(reduce_op::sum, comm.rank(), total);
+            std::vector<T> want;
+            for (int from = 0; from < p; ++from) {
+              const auto block =
+                  make_input<T>(reduce_op::sum, from, count, static_cast<std::size_t>(comm.rank()) * count);
+              want.insert(want.end(), block.begin(), block.end());
+            }
             for (algorithm a : {algorithm::pairwise, algorithm::shared_memory, algorithm::automatic})
               for (bool in_place : {true, false}) {
-                const std::size_t total = count * static_cast<std::size_t>(p);
-                const std::vector<T> input = make_input<T>(reduce_op::sum, comm.rank(), total);
                 std::vector<T> out = in_place ? input : std::vector<T>(total, from_int<T>(99));
                 if (in_place)
                   alltoall(comm, std::span(out), a);
                 else
                   alltoall(comm, std::span(input), std::span(out), a);
-                std::vector<T> want;
-                for (int from = 0; from < p; ++from) {
-                  const auto block =
-                      make_input<T>(reduce_op::sum, from, count, static_cast<std::size_t>(comm.rank()) * count);
-                  want.insert(want.end(), block.begin(), block.end());
-                }
                 EXPECT_TRUE(same_elements(
                     out, want,
                     describe<T>({reduce_op::sum, count, in_place}, comm, "alltoall " + std::string(name_of(a)))));
               }
+          }
         },
         test_config());
   });

@@ -27,17 +27,26 @@ inline std::byte pattern_byte(int from, int to, std::size_t size, std::size_t in
 /// for j = index mod 4096 (7 * 4096 * b is 0 mod 256); 7 is odd, so that is the sequence 7 k mod 256
 /// started at k = (c + b) * 7^-1 (7 * 183 = 5 * 256 + 1). `f(offset, expected bytes)` sees each block.
 /// The test p2p_patterns.message_is_pattern_byte_at_every_index holds both to pattern_byte.
-template <class F>
-void for_each_pattern_block(int from, int to, std::size_t size, F&& f) {
-  constexpr std::size_t block = 4096;
+inline constexpr std::size_t pattern_block = 4096;
+
+/// 7 k mod 256 for k in [0, 4096 + 256): every block of the pattern is a window of it (one table for
+/// every caller, not one per instantiation of for_each_pattern_block).
+inline std::span<const std::byte> pattern_sevens() {
   static const std::vector<std::byte> sevens = [] {
-    std::vector<std::byte> t(block + 256);
+    std::vector<std::byte> t(pattern_block + 256);
     for (std::size_t k = 0; k < t.size(); ++k) t[k] = static_cast<std::byte>((k * 7u) & 0xffu);
     return t;
   }();
+  return sevens;
+}
+
+template <class F>
+void for_each_pattern_block(int from, int to, std::size_t size, F&& f) {
+  constexpr std::size_t block = pattern_block;
+  const std::span<const std::byte> sevens = pattern_sevens();
   const std::size_t c = static_cast<std::size_t>(from) * 131u + static_cast<std::size_t>(to) * 31u + size * 17u;
   for (std::size_t start = 0, b = 0; start < size; start += block, ++b)
-    f(start, std::span<const std::byte>(sevens).subspan(((c + b) * 183u) & 0xffu, std::min(block, size - start)));
+    f(start, sevens.subspan(((c + b) * 183u) & 0xffu, std::min(block, size - start)));
 }
 
 /// Writes the message `from` sends `to` of `m.size()` bytes into `m`.
@@ -55,15 +64,14 @@ inline std::vector<std::byte> pattern_message(int from, int to, std::size_t size
 
 /// Compares byte for byte (with no copy of the expected message); on a difference reports the first
 /// differing index.
-inline void expect_message(std::span<const std::byte> got, std::size_t received, int from, int to,
-                           std::size_t size) {
+inline void expect_message(std::span<const std::byte> got, std::size_t received, int from, int to, std::size_t size) {
   ASSERT_EQ(received, size) << "message " << from << " -> " << to;
   ASSERT_GE(got.size(), size) << "message " << from << " -> " << to;
   std::size_t first_bad = size;
   for_each_pattern_block(from, to, size, [&](std::size_t at, std::span<const std::byte> want) {
     if (first_bad == size && std::memcmp(got.data() + at, want.data(), want.size()) != 0)
-      for (std::size_t i = 0; i < want.size() && first_bad == size; ++i)
-        if (got[at + i] != want[i]) first_bad = at + i;
+      first_bad =
+          at + static_cast<std::size_t>(std::mismatch(want.begin(), want.end(), got.begin() + at).first - want.begin());
   });
   if (first_bad != size)
     FAIL() << "message " << from << " -> " << to << " of " << size << " bytes differs first at byte " << first_bad;
