@@ -9,6 +9,15 @@
 //
 //   mpiexec.mpich -n 2 build/samples/fashion_mnist_mlp --algorithm bytegrad --epochs 10
 //
+// Checkpoints (gradient_allreduce and bytegrad, whose replicas and optimizer states are equal on
+// every rank after every step): `--checkpoint DIR --every N` saves the model, the optimizer's state
+// and the position in the data (epoch, examples of it done) every N steps and at the end, in the
+// background (checkpoint::async_saver); `--resume` starts from DIR's checkpoint when there is one,
+// on any number of ranks. On as many ranks as saved it, a resumed run ends with the weights of an
+// uninterrupted one, bit for bit; on another number the shards and batches differ from there on.
+// `--kill-rank R --kill-at-step S` makes rank R SIGKILL itself at step S, inside the step's exchange
+// (the failure a checkpoint is for: samples/support/checkpoint_resume.sh).
+//
 // Exit status: 0, 1 (an error: each rank prints it), 2 (bad command line), 77 (no data set; ctest
 // counts it as skipped).
 #include <mpi.h>
@@ -17,15 +26,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <flexpar/checkpoint/checkpoint.hpp>
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/relax/optimizer.hpp>
@@ -50,6 +63,27 @@ struct settings : fm::training_settings {
   std::string peers = flexpar::relax::options{}.peers;
   int warmup = 100;
   float adam_epsilon = flexpar::relax::adam_options{}.epsilon;
+  std::string checkpoint;  // directory; empty: no checkpoints
+  std::size_t every = 0;   // steps between checkpoints; 0: at the end only
+  bool resume = false;
+  int kill_rank = -1;
+  std::size_t kill_at_step = 0;
+};
+
+/// FNV-1a of the weights' bytes: one number that differs when any bit of any weight does.
+std::uint64_t digest(const std::vector<float>& weights) {
+  std::uint64_t h = 1469598103934665603ULL;
+  const auto* b = reinterpret_cast<const unsigned char*>(weights.data());
+  for (std::size_t i = 0; i < weights.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ULL;
+  return h;
+}
+
+/// Where a run stands in its data: the epoch in progress and the examples of it that all ranks
+/// together have trained on. Saved in checkpoints, so that a resumed run, on any number of ranks,
+/// goes on with the next batch.
+struct position {
+  std::int64_t epoch = 1;
+  std::int64_t examples = 0;
 };
 
 /// Scales the gradient by a learning-rate factor before the wrapped optimizer sees it. With SGD and
@@ -139,6 +173,47 @@ int train(const settings& opt) {
   ropt.adam.learning_rate = opt.lr;
   ropt.adam.epsilon = opt.adam_epsilon;  // onebit_adam and qadam own their Adam (they ignore `optimizer`)
   auto algo = flexpar::relax::make(opt.algorithm, comm, ropt);
+
+  // The checkpoint's contents: weights and optimizer state once (equal on every rank), the position
+  // and the settings a resumed run must share (seed, batch).
+  position at;
+  std::int64_t saved_seed = static_cast<std::int64_t>(opt.seed), saved_batch = static_cast<std::int64_t>(opt.batch);
+  flexpar::checkpoint::state ck;
+  std::optional<flexpar::checkpoint::async_saver> saver;
+  if (!opt.checkpoint.empty()) {
+    if (opt.algorithm != "gradient_allreduce" && opt.algorithm != "bytegrad")
+      throw flexpar::usage_error(
+          "fashion_mnist_mlp: --checkpoint saves one model and one optimizer state for all "
+          "ranks, which needs replicas equal after every step: gradient_allreduce or bytegrad; " +
+          opt.algorithm + " keeps per-rank state this sample does not save");
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      ck.add_replicated(params[i].name, params[i].weight);
+      for (const flexpar::relax::optimizer_state& piece : base->state(i, params[i].weight.size())) {
+        std::string name = params[i].name + "." + opt.optimizer + "." + piece.name;
+        if (!piece.floats.empty())
+          ck.add_replicated(std::move(name), piece.floats);
+        else
+          ck.add_replicated(std::move(name), piece.counters);
+      }
+    }
+    ck.add_integer("epoch", at.epoch).add_integer("examples_into_epoch", at.examples);
+    ck.add_integer("seed", saved_seed).add_integer("batch_per_rank", saved_batch);
+    saver.emplace(comm);
+  }
+  if (opt.resume && std::filesystem::exists(std::filesystem::path(opt.checkpoint) / "metadata.json")) {
+    const int saved_by = flexpar::checkpoint::read_contents(opt.checkpoint, rank).world_size;
+    flexpar::checkpoint::load(comm, opt.checkpoint, ck);
+    if (saved_seed != static_cast<std::int64_t>(opt.seed) || saved_batch != static_cast<std::int64_t>(opt.batch))
+      throw flexpar::usage_error("fashion_mnist_mlp: the checkpoint in " + opt.checkpoint + " was saved with --seed " +
+                                 std::to_string(saved_seed) + " --batch " + std::to_string(saved_batch) +
+                                 "; this run has --seed " + std::to_string(opt.seed) + " --batch " +
+                                 std::to_string(opt.batch));
+    if (rank == 0)
+      std::printf("resumed from %s (saved by %d ranks): epoch %lld, %lld examples into it\n", opt.checkpoint.c_str(),
+                  saved_by, static_cast<long long>(at.epoch), static_cast<long long>(at.examples));
+  } else if (opt.resume && rank == 0) {
+    std::printf("no checkpoint in %s: starting at step 0\n", opt.checkpoint.c_str());
+  }
   algo->start(params);
 
   if (rank == 0)
@@ -149,24 +224,29 @@ int train(const settings& opt) {
         opt.optimizer.c_str(), static_cast<double>(opt.lr), opt.schedule.c_str());
 
   std::vector<std::size_t> order(train_set.count);
-  std::iota(order.begin(), order.end(), std::size_t{0});
   std::vector<float> batch_x(opt.batch * px);
   std::vector<std::uint8_t> batch_y(opt.batch);
   const std::size_t total_steps = steps_per_epoch * static_cast<std::size_t>(opt.epochs);
-  std::size_t step_index = 0;
+  // A resumed run goes on with the next batch of all ranks together (rounded down to a whole step
+  // of this world when the saving world had another size).
+  const std::size_t examples_per_step = opt.batch * static_cast<std::size_t>(size);
+  const int first_epoch = static_cast<int>(at.epoch);
+  const std::size_t first_step = static_cast<std::size_t>(at.examples) / examples_per_step;
+  std::size_t step_index = (static_cast<std::size_t>(first_epoch) - 1) * steps_per_epoch + first_step;
   double train_seconds = 0;
   std::vector<double> all_step_ms, all_comm_ms;
   using clock = std::chrono::steady_clock;
 
-  for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
+  for (int epoch = first_epoch; epoch <= opt.epochs; ++epoch) {
     std::seed_seq seq{opt.seed, static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(epoch)};
     std::mt19937_64 rng(seq);
-    std::shuffle(order.begin(), order.end(), rng);
+    std::iota(order.begin(), order.end(), std::size_t{0});  // each epoch's order from (seed, rank, epoch) alone,
+    std::shuffle(order.begin(), order.end(), rng);          // so that a resumed run shuffles as the first did
     const std::uint64_t bytes_before = algo->traffic_so_far().bytes_sent;
     std::vector<double> step_ms, comm_ms;
     fm::batch_result seen;
     const auto epoch_start = clock::now();
-    for (std::size_t s = 0; s < steps_per_epoch; ++s, ++step_index) {
+    for (std::size_t s = epoch == first_epoch ? first_step : 0; s < steps_per_epoch; ++s, ++step_index) {
       for (std::size_t i = 0; i < opt.batch; ++i) {
         const std::size_t k = order[s * opt.batch + i];
         std::copy_n(train_x.begin() + static_cast<std::ptrdiff_t>(k * px), px,
@@ -177,8 +257,21 @@ int train(const settings& opt) {
       const auto t0 = clock::now();
       model.train_step(batch_x, batch_y, opt.batch, seen);
       const auto t1 = clock::now();
+      if (rank == opt.kill_rank && step_index + 1 == opt.kill_at_step) {
+        std::printf("rank %d: killing itself (SIGKILL) at step %zu\n", rank, step_index + 1);
+        std::fflush(stdout);
+        std::raise(SIGKILL);
+      }
       algo->step(params, optimizer);
       const auto t2 = clock::now();
+      if (saver && opt.every != 0 && (step_index + 1) % opt.every == 0 && step_index + 1 != total_steps) {
+        at = s + 1 == steps_per_epoch ? position{epoch + 1, 0}
+                                      : position{epoch, static_cast<std::int64_t>((s + 1) * examples_per_step)};
+        // snapshots and returns; the files are written while training goes on (a failed save is
+        // thrown by the next one)
+        (void)saver->save(opt.checkpoint, ck);
+        if (rank == 0) std::printf("checkpoint at step %zu to %s\n", step_index + 1, opt.checkpoint.c_str());
+      }
       step_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
       comm_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     }
@@ -204,6 +297,11 @@ int train(const settings& opt) {
   }
 
   algo->finish(params);
+  if (saver) {
+    at = position{opt.epochs + 1, 0};
+    saver->save(opt.checkpoint, ck).wait();
+    if (rank == 0) std::printf("checkpoint at the end (step %zu) to %s\n", step_index, opt.checkpoint.c_str());
+  }
 
   // Consensus check: after finish() every replica must be rank 0's (bitwise).
   std::vector<float> weights;
@@ -224,10 +322,11 @@ int train(const settings& opt) {
       std::printf("replicas identical on all %d ranks after finish()\n", size);
     std::printf(
         "summary algorithm=%s ranks=%d epochs=%d steps=%llu exchanges=%llu bytes_per_rank=%llu "
-        "step_ms=%.3f comm_ms=%.3f train_s=%.2f test_accuracy=%.4f\n",
+        "step_ms=%.3f comm_ms=%.3f train_s=%.2f test_accuracy=%.4f weights=%016llx\n",
         std::string(algo->name()).c_str(), size, opt.epochs, static_cast<unsigned long long>(t.steps),
         static_cast<unsigned long long>(t.exchanges), static_cast<unsigned long long>(t.bytes_sent),
-        fm::median(all_step_ms), fm::median(all_comm_ms), train_seconds, accuracy);
+        fm::median(all_step_ms), fm::median(all_comm_ms), train_seconds, accuracy,
+        static_cast<unsigned long long>(digest(weights)));
   }
   return fm::final_status(rank, accuracy, opt.min_accuracy, ranks_differ);
 }
@@ -251,6 +350,15 @@ int main(int argc, char** argv) {
   app.add_option("--adam-epsilon", opt.adam_epsilon, "Adam's epsilon (adam, onebit_adam, qadam)")
       ->capture_default_str();
   app.add_option("--warmup", opt.warmup, "onebit_adam, qadam: full-precision Adam steps first")->capture_default_str();
+  auto* checkpoint = app.add_option("--checkpoint", opt.checkpoint,
+                                    "save checkpoints to this directory (gradient_allreduce, bytegrad)");
+  app.add_option("--every", opt.every, "steps between checkpoints (0: at the end only)")
+      ->capture_default_str()
+      ->needs(checkpoint);
+  app.add_flag("--resume", opt.resume, "start from the checkpoint in --checkpoint's directory when it holds one")
+      ->needs(checkpoint);
+  app.add_option("--kill-rank", opt.kill_rank, "fault injection: this rank SIGKILLs itself at --kill-at-step");
+  app.add_option("--kill-at-step", opt.kill_at_step, "fault injection: the step (from 1) of --kill-rank's death");
   CLI11_PARSE(app, argc, argv);
   if (opt.optimizer == "adam" && opt.schedule == "cosine") opt.schedule = "constant";  // Adam is scale-invariant
 

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <vector>
@@ -63,6 +64,16 @@ inline std::vector<float>& slot(std::vector<std::vector<float>>& state, std::vec
   }
   return state[index];
 }
+
+/// slot(), for state(): a usage_error when the state of `index` exists with another length than `n`.
+inline std::span<float> checked_slot(const char* who, std::vector<std::vector<float>>& state, std::vector<bool>& made,
+                                     std::size_t index, std::size_t n) {
+  std::vector<float>& s = slot(state, made, index, n);
+  if (s.size() != n)
+    throw usage_error(std::string(who) + ": the state of parameter " + std::to_string(index) + " has " +
+                      std::to_string(s.size()) + " elements; state() was asked for " + std::to_string(n));
+  return s;
+}
 }  // namespace detail
 
 /// Settings of sgd.
@@ -94,6 +105,12 @@ class sgd final : public optimizer {
       }
       weight[i] -= lr * g;
     }
+  }
+
+  /// "momentum" (the buffer b) when momentum is not 0; nothing otherwise (plain SGD has no state).
+  std::vector<optimizer_state> state(std::size_t index, std::size_t n) override {
+    if (options_.momentum == 0.0f) return {};
+    return {{"momentum", detail::checked_slot("relax::sgd", buffer_, made_, index, n), {}}};
   }
 
   /// The settings.
@@ -141,6 +158,14 @@ class adam final : public optimizer {
     }
   }
 
+  /// "m" and "v" (the moments) and "t" (the apply() calls of `index` so far: the bias correction).
+  std::vector<optimizer_state> state(std::size_t index, std::size_t n) override {
+    std::span<float> m = detail::checked_slot("relax::adam", m_, made_m_, index, n);
+    std::span<float> v = detail::checked_slot("relax::adam", v_, made_v_, index, n);
+    if (index >= steps_.size()) steps_.resize(index + 1, 0);
+    return {{"m", m, {}}, {"v", v, {}}, {"t", {}, std::span<std::int64_t>(&steps_[index], 1)}};
+  }
+
   /// The settings.
   [[nodiscard]] const adam_options& options() const noexcept { return options_; }
 
@@ -148,7 +173,7 @@ class adam final : public optimizer {
   adam_options options_;
   std::vector<std::vector<float>> m_, v_;
   std::vector<bool> made_m_, made_v_;
-  std::vector<std::uint64_t> steps_;
+  std::deque<std::int64_t> steps_;  // a deque: growing it never moves a count state() handed out
 };
 
 }  // namespace flexpar::relax
