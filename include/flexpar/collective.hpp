@@ -2,11 +2,16 @@
 // reduce, alltoall, barrier.
 //
 // Every function here is collective over `comm`: every rank calls it, in the same order as its other
-// collectives on `comm`, with the same counts, op, root and algorithm (these are not checked across
-// ranks; a mismatch ends in a timeout_error or transport_error at the deadline, never in a write out
-// of bounds). Each function blocks until this rank's part is done, with comm.default_deadline().
-// Collectives use a private channel of `comm` (context.hpp): they never match user point-to-point
-// messages on comm.transport(). One thread at a time may call collectives on one communicator (the
+// collectives on `comm`, with the same counts, op, root and algorithm. Disagreements end in errors,
+// never in a result or a write out of bounds: through the shared-memory segment (one node) the
+// ranks compare their calls (operation, count, dtype, op) and every rank throws the same
+// mismatch_error naming each side and its ranks (the communicator is unusable afterwards); through
+// the transport every receive is exact, so a count that differs is a mismatch_error (or the
+// transport's truncation error) on the ranks that receive the other size, and a timeout_error on
+// those left waiting for them. A disagreement in dtype or op alone on the transport is not detected.
+// Each function blocks until this rank's part is done, with comm.default_deadline(). Collectives
+// use a private channel of `comm` (context.hpp): they never match user point-to-point messages on
+// comm.transport(). One thread at a time may call collectives on one communicator (the
 // engine's background thread, for instance); use one communicator per thread otherwise.
 //
 // Element types are the dtypes of core/dtype.hpp (half and bfloat16 reduce in float); counts are

@@ -20,12 +20,14 @@
 
 #include <flexpar/collective.hpp>
 #include <flexpar/comm/communicator.hpp>
+#include <flexpar/core/process.hpp>
 #include <flexpar/cuda/kernels.hpp>
 #include <flexpar/cuda/runtime.hpp>
 
 namespace flexpar::cuda::detail {
 namespace {
 
+using flexpar::detail::process_gone;
 using flexpar::detail::shared_counter;
 using flexpar::detail::shared_memory_segment;
 
@@ -110,17 +112,6 @@ std::string rank_list(const std::vector<int>& ranks) {
   }
   t += '}';
   return t;
-}
-
-/// True when process `pid` of this machine has ended: it no longer exists, or it is a zombie that its
-/// parent (MPICH's proxy, say) has not reaped yet.
-bool process_gone(std::int64_t pid) {
-  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const std::size_t paren = line.rfind(')');  // the state follows the command name, which may hold spaces
-  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
 }  // namespace

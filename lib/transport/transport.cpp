@@ -54,6 +54,15 @@ void request::wait(deadline until) {
   finish();
 }
 
+void request::throw_inexact() {
+  const detail::request_info info = state_->info();
+  const std::size_t got = bytes_;
+  state_.reset();
+  throw mismatch_error(detail::describe(info) + " received a message of " + std::to_string(got) +
+                       " bytes: the sender's side of this exchange has another size (the ranks disagree about a "
+                       "collective's counts, or call different collectives)");
+}
+
 void wait_all(std::span<request> requests, deadline until) {
   for (request& r : requests) r.wait(until);
 }

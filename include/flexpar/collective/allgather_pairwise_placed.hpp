@@ -96,7 +96,7 @@ void pairwise_allgather_placed(call& c, std::span<const T> mine, const block_lay
   std::vector<request> landing(slots);
   std::size_t posted = 0;
   auto post = [&] {  // the next receive, into the slot of a chunk already placed
-    landing[posted % slots] = c.t.irecv(stream[posted].from, c.tag, writable_bytes_of(slot_of(posted)));
+    landing[posted % slots] = c.irecv(stream[posted].from, writable_bytes_of(slot_of(posted)));
     ++posted;
   };
 

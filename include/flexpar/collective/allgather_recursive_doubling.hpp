@@ -37,7 +37,7 @@ void recursive_doubling_allgather(call& c, std::span<T> data, const block_layout
     pending.push_back(c.t.isend(peer, c.tag, bytes_of(layout.of(data, block))));
   };
   auto recv_block = [&](int peer, int block) {
-    pending.push_back(c.t.irecv(peer, c.tag, writable_bytes_of(layout.of(data, block))));
+    pending.push_back(c.irecv(peer, writable_bytes_of(layout.of(data, block))));
   };
   auto finish = [&] {
     wait_all(pending, c.until);

@@ -30,8 +30,7 @@ void ring_allgather(call& c, std::span<T> data, const block_layout& layout) {
     const std::span<T> block = layout.of(data, recv_block(step));
     const chunking chunks = pipeline_chunks<T>(block.size());
     for (std::size_t k = 0; k < chunks.count(); ++k)
-      receives[static_cast<std::size_t>(step)].push_back(
-          c.t.irecv(prev, c.tag, writable_bytes_of(chunks.of(block, k))));
+      receives[static_cast<std::size_t>(step)].push_back(c.irecv(prev, writable_bytes_of(chunks.of(block, k))));
   }
   std::vector<request> sends;
   // step 0: my own block

@@ -44,10 +44,10 @@ void allreduce_halving_doubling(communicator& comm, std::span<T> data, reduce_op
   if (r < 2 * extra) {
     if (r % 2 == 0) {
       c.t.send(r + 1, c.tag, bytes_of(data), c.until);
-      c.t.recv(r + 1, c.tag, writable_bytes_of(data), c.until);  // step 4, seen from the even side
+      c.recv(r + 1, writable_bytes_of(data));  // step 4, seen from the even side
       return;
     }
-    c.t.recv(r - 1, c.tag, writable_bytes_of(std::span<T>(landing.get(), n)), c.until);
+    c.recv(r - 1, writable_bytes_of(std::span<T>(landing.get(), n)));
     reduce_into(data, std::span<const T>(landing.get(), n), op);
   }
   const int me = r < 2 * extra ? r / 2 : r - extra;  // my virtual rank among p'
@@ -70,7 +70,7 @@ void allreduce_halving_doubling(communicator& comm, std::span<T> data, reduce_op
     const range keep = keep_low ? range{lo, mid} : range{mid, hi};
     const range give = keep_low ? range{mid, hi} : range{lo, mid};
     const std::span<T> incoming(landing.get(), keep.hi - keep.lo);
-    request in = c.t.irecv(partner, c.tag, writable_bytes_of(incoming));
+    request in = c.irecv(partner, writable_bytes_of(incoming));
     request out = c.t.isend(partner, c.tag, bytes_of(data.subspan(give.lo, give.hi - give.lo)));
     in.wait(c.until);
     reduce_into(data.subspan(keep.lo, keep.hi - keep.lo), std::span<const T>(incoming), op);
@@ -87,7 +87,7 @@ void allreduce_halving_doubling(communicator& comm, std::span<T> data, reduce_op
     rounds.pop_back();
     const range whole = done.whole;
     const range theirs = done.kept_low ? range{hi, whole.hi} : range{whole.lo, lo};
-    request in = c.t.irecv(partner, c.tag, writable_bytes_of(data.subspan(theirs.lo, theirs.hi - theirs.lo)));
+    request in = c.irecv(partner, writable_bytes_of(data.subspan(theirs.lo, theirs.hi - theirs.lo)));
     request out = c.t.isend(partner, c.tag, bytes_of(data.subspan(lo, hi - lo)));
     in.wait(c.until);
     out.wait(c.until);

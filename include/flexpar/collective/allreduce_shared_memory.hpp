@@ -16,12 +16,29 @@
 // cache-resident is the rank's own buffer: read once, written once. No message goes through the
 // transport, and there is one copy in and one copy out of the segment instead of two per hop.
 // Every element is reduced by exactly one rank, so all ranks end with bitwise-identical results.
+//
+// Agreement. Each round's publish carries the rank's description of the call (shm_call: the call's
+// number on this communicator, the operation, dtype, reduce op, count and rounds) in its flag line,
+// and round 0 of every call, once every peer has published, compares them all: ranks that disagree
+// (another count, dtype or op, or a call the others did not make) all throw the same mismatch_error
+// naming each description and its ranks, before anything is reduced. A call on an empty buffer
+// still takes one round, to say so. The communicator is unusable afterwards (its rounds no longer
+// line up): later collectives on it throw usage_error.
+//
+// Liveness. Each rank writes its pid into its flag line when the segment is made; a rank that
+// sleeps waiting for a peer's counter asks every 100 ms whether that peer's process still runs, and
+// throws peer_failure naming it when it has exited (killed, crashed): every survivor waits for every
+// peer's publish of a round, so each names the dead rank itself, within a fraction of a second and
+// whatever FLEXPAR_TIMEOUT says. A rank that is alive but stuck still ends at the deadline.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <flexpar/collective/context.hpp>
 #include <flexpar/collective/reduce_kernel.hpp>
@@ -51,9 +68,29 @@ constexpr cost allreduce_shared_memory_cost(int p, double bytes) noexcept {
 
 namespace detail {
 
-/// Where the flags and round buffers of each rank lie in the segment.
+/// What a rank says about the shared-memory call it is in: published with each round, compared in
+/// round 0 (the file header). Plain bytes in the segment, written before the round's publish.
+struct shm_call {
+  std::uint64_t call = 0;      // shared-memory calls on this communicator before this one
+  std::uint64_t count = 0;     // elements (0 where the operation states none)
+  std::uint64_t rounds = 0;    // rounds of this call
+  std::uint32_t op = 0;        // FNV-1a of the operation's name, "allreduce(shared_memory)"
+  std::uint8_t type = 0xff;    // dtype, or 0xff where the operation states none
+  std::uint8_t reduce = 0xff;  // reduce_op, or 0xff
+  std::uint16_t reserved = 0;
+  friend bool operator==(const shm_call&, const shm_call&) = default;
+};
+static_assert(sizeof(shm_call) == 32);
+
+constexpr std::uint32_t op_hash(std::string_view name) noexcept {
+  std::uint32_t h = 2166136261u;
+  for (char c : name) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+  return h;
+}
+
+/// Where the flags, call descriptions and round buffers of each rank lie in the segment.
 struct shm_geometry {
-  static constexpr std::size_t flag_line = 64;  // one cache line of flags per rank (one writer each)
+  static constexpr std::size_t flag_line = 128;  // per rank (one writer each): flags, then its shm_calls
   static std::size_t bytes(int p) {
     return flag_line * static_cast<std::size_t>(p) + static_cast<std::size_t>(p) * shm_depth * shm_round_bytes;
   }
@@ -62,16 +99,26 @@ struct shm_geometry {
   [[nodiscard]] shared_counter published(int q) const { return counter(q, 0); }
   [[nodiscard]] shared_counter reduced(int q) const { return counter(q, 1); }
   [[nodiscard]] shared_counter consumed(int q) const { return counter(q, 2); }
+  /// Writes my pid where the waits on my counters read it (once, when the segment is made).
+  void announce_pid(int me) const {
+    auto* line = reinterpret_cast<std::uint32_t*>(base + flag_line * static_cast<std::size_t>(me));
+    std::atomic_ref<std::uint32_t>(line[3]).store(static_cast<std::uint32_t>(my_pid()), std::memory_order_relaxed);
+  }
+  /// Rank q's description of its call in round `round` (one slot per round buffer).
+  [[nodiscard]] std::byte* call_slot(int q, std::uint64_t round) const {
+    return base + flag_line * static_cast<std::size_t>(q) + 64 + (round % shm_depth) * sizeof(shm_call);
+  }
   [[nodiscard]] std::byte* round_buffer(int q, std::uint64_t round) const {
     return base + flag_line * static_cast<std::size_t>(p) +
            (static_cast<std::size_t>(q) * shm_depth + round % shm_depth) * shm_round_bytes;
   }
 
  private:
-  // line of rank q: uint32 counters {published, reduced, consumed} at words 0..2, their waiters at 4..6
+  // line of rank q: uint32 counters {published, reduced, consumed} at words 0..2, its pid at word
+  // 3, the counters' waiters at 4..6; its shm_call of each round buffer from byte 64
   [[nodiscard]] shared_counter counter(int q, int which) const {
     auto* line = reinterpret_cast<std::uint32_t*>(base + flag_line * static_cast<std::size_t>(q));
-    return shared_counter(line + which, line + 4 + which);
+    return shared_counter(line + which, line + 4 + which, line + 3);
   }
 };
 
@@ -83,8 +130,64 @@ inline shared_memory_segment* shared_memory_of(communicator& comm) {
     ctx.shm_tried = true;
     ctx.shm = shared_memory_segment::create(*ctx.channel, ctx.next_tag(), shm_geometry::bytes(comm.size()),
                                             comm.default_deadline());
+    if (ctx.shm) shm_geometry{ctx.shm->data(), comm.size()}.announce_pid(comm.rank());
   }
   return ctx.shm.get();
+}
+
+/// My description of a call of `rounds` rounds (the next call number of `ctx`).
+inline shm_call begin_shm_call(collective_context& ctx, std::string_view op, std::uint64_t rounds,
+                               std::uint64_t count = 0, std::uint8_t type = 0xff, std::uint8_t reduce = 0xff) {
+  return shm_call{ctx.shm_calls++, count, rounds, op_hash(op), type, reduce, 0};
+}
+
+/// "allreduce(shared_memory) of 1000 f32 (sum) in 1 round, call 4"; an operation of another name
+/// than `op` is "another shared-memory operation".
+inline std::string describe(const shm_call& c, std::string_view op) {
+  std::string s = c.op == op_hash(op) ? std::string(op) : std::string("another shared-memory operation");
+  if (c.count != 0 || c.type != 0xff) {
+    s.append(" of ").append(std::to_string(c.count));
+    if (c.type != 0xff) s.append(" ").append(name_of(static_cast<dtype>(c.type)));
+  }
+  if (c.reduce != 0xff) s.append(" (").append(name_of(static_cast<reduce_op>(c.reduce))).append(")");
+  s.append(" in ").append(std::to_string(c.rounds)).append(c.rounds == 1 ? " round" : " rounds");
+  return s.append(", call ").append(std::to_string(c.call));
+}
+
+/// Round 0 of a call, after every peer published round g: throws mismatch_error (the same ranks and
+/// descriptions on every rank) unless every rank described the call as `mine`, and leaves `ctx`
+/// broken (context_of refuses it from then on).
+inline void check_shm_call(const communicator& comm, collective_context& ctx, const shm_geometry& shm, std::uint64_t g,
+                           const shm_call& mine, std::string_view op) {
+  const int p = comm.size();
+  bool agree = true;  // the common case, compared in place: no copy, no allocation
+  for (int q = 0; q < p && agree; ++q) agree = std::memcmp(shm.call_slot(q, g), &mine, sizeof(shm_call)) == 0;
+  if (agree) return;
+  std::vector<shm_call> said(static_cast<std::size_t>(p));
+  for (int q = 0; q < p; ++q) std::memcpy(&said[static_cast<std::size_t>(q)], shm.call_slot(q, g), sizeof(shm_call));
+  std::vector<std::pair<shm_call, std::vector<int>>> groups;  // in the order of their lowest rank
+  for (int q = 0; q < p; ++q) {
+    const shm_call& c = said[static_cast<std::size_t>(q)];
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g2) { return g2.first == c; });
+    if (it == groups.end())
+      groups.push_back({c, {q}});
+    else
+      it->second.push_back(q);
+  }
+  std::string text = "the ranks disagree about the call: ";
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    text.append(i == 0 ? "" : " but ")
+        .append(describe(groups[i].first, op))
+        .append(" on ")
+        .append(rank_set(groups[i].second));
+  const mismatch_error e = error_on<mismatch_error>(comm.rank(), op, text);
+  ctx.broken = e.what();
+  throw e;
+}
+
+/// Writes my description of round g's call where peers read it; before the round's publish.
+inline void post_shm_call(const shm_geometry& shm, int me, std::uint64_t g, const shm_call& mine) {
+  std::memcpy(shm.call_slot(me, g), &mine, sizeof(shm_call));
 }
 
 /// Waits until counter_of(q) has reached `target` for every rank q but me.
@@ -100,8 +203,8 @@ void wait_for_peers(const communicator& comm, Counter&& counter_of, std::uint64_
 
 /// The one-hand-off round of a small buffer (see the top of this file).
 template <element T>
-void one_shot_round(const communicator& comm, const shm_geometry& shm, std::uint64_t g, std::span<T> data, reduce_op op,
-                    deadline until) {
+void one_shot_round(const communicator& comm, collective_context& ctx, const shm_geometry& shm, std::uint64_t g,
+                    const shm_call& call, std::span<T> data, reduce_op op, deadline until) {
   const int p = comm.size(), me = comm.rank();
   auto slot = [&](int q) {
     return std::span<const T>(reinterpret_cast<const T*>(shm.round_buffer(q, g)), data.size());
@@ -110,10 +213,12 @@ void one_shot_round(const communicator& comm, const shm_geometry& shm, std::uint
     wait_for_peers(
         comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "allreduce(shared_memory)", "consuming",
         until);
-  std::memcpy(shm.round_buffer(me, g), data.data(), data.size_bytes());
+  if (!data.empty()) std::memcpy(shm.round_buffer(me, g), data.data(), data.size_bytes());
+  post_shm_call(shm, me, g, call);
   shm.published(me).publish(g + 1);
   wait_for_peers(
       comm, [&](int q) { return shm.published(q); }, g + 1, "allreduce(shared_memory)", "publishing", until);
+  check_shm_call(comm, ctx, shm, g, call, "allreduce(shared_memory)");
   reduce_into(data, slot(0), slot(1), op);
   for (int q = 2; q < p; ++q) reduce_into(data, slot(q), op);
   shm.reduced(me).publish(g + 1);
@@ -138,10 +243,15 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
   const std::size_t per_round = shm_round_bytes / sizeof(T);
   const std::size_t rounds = (data.size() + per_round - 1) / per_round;
 
-  if (data.size_bytes() <= shm_one_shot_bytes && !data.empty()) {
-    one_shot_round(comm, shm, ctx.shm_rounds++, data, op, until);
+  const auto describe_call = [&](std::uint64_t n) {
+    return begin_shm_call(ctx, "allreduce(shared_memory)", n, data.size(), static_cast<std::uint8_t>(dtype_of<T>),
+                          static_cast<std::uint8_t>(op));
+  };
+  if (data.size_bytes() <= shm_one_shot_bytes) {  // an empty buffer too: its round says so
+    one_shot_round(comm, ctx, shm, ctx.shm_rounds++, describe_call(1), data, op, until);
     return;
   }
+  const shm_call call = describe_call(rounds);
   const bool streaming = data.size_bytes() >= shm_streaming_bytes;
   for (std::size_t k = 0; k < rounds; ++k) {
     const std::uint64_t g = ctx.shm_rounds + k;
@@ -163,10 +273,12 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
       const auto [lo, len] = part(q);
       if (len) std::memcpy(slot(me).data() + lo, round.data() + lo, len * sizeof(T));
     }
+    post_shm_call(shm, me, g, call);
     shm.published(me).publish(g + 1);
     // step 3: reduce my part out of every peer's buffer, then share the result
     wait_for_peers(
         comm, [&](int q) { return shm.published(q); }, g + 1, "allreduce(shared_memory)", "publishing", until);
+    if (k == 0) check_shm_call(comm, ctx, shm, g, call, "allreduce(shared_memory)");
     const auto [my_lo, my_len] = part(me);
     const std::span<T> mine = round.subspan(my_lo, my_len);
     for (int q = 0; q < p; ++q)

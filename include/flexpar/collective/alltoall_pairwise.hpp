@@ -27,7 +27,7 @@ void pairwise_alltoall(call& c, std::span<const T> in, std::span<T> out, std::si
   std::copy_n(block(in, r).begin(), count, block(out, r).begin());  // step 0
   for (int step = 1; step < p; ++step) {
     const int to = modulo(r + step, p), from = modulo(r - step, p);
-    request incoming = c.t.irecv(from, c.tag, writable_bytes_of(block(out, from)));
+    request incoming = c.irecv(from, writable_bytes_of(block(out, from)));
     request outgoing = c.t.isend(to, c.tag, std::as_bytes(block(in, to)));
     incoming.wait(c.until);
     outgoing.wait(c.until);
@@ -44,7 +44,7 @@ void pairwise_alltoall_v(call& c, std::span<const T> in, const block_layout& sen
   std::copy_n(sends.of(in, r).begin(), sends.count(r), receives.of(out, r).begin());  // step 0
   for (int step = 1; step < p; ++step) {
     const int to = modulo(r + step, p), from = modulo(r - step, p);
-    request incoming = c.t.irecv(from, c.tag, writable_bytes_of(receives.of(out, from)));
+    request incoming = c.irecv(from, writable_bytes_of(receives.of(out, from)));
     request outgoing = c.t.isend(to, c.tag, std::as_bytes(sends.of(in, to)));
     incoming.wait(c.until);
     outgoing.wait(c.until);
@@ -61,7 +61,7 @@ void pairwise_alltoall_v_placed(call& c, Source&& source, Target&& target, Lande
     const int to = modulo(r + step, p), from = modulo(r - step, p);
     const std::span<const T> outgoing = source(to);
     const std::span<T> landing = target(from);
-    request incoming = c.t.irecv(from, c.tag, writable_bytes_of(landing));
+    request incoming = c.irecv(from, writable_bytes_of(landing));
     request sent = c.t.isend(to, c.tag, std::as_bytes(outgoing));
     incoming.wait(c.until);
     sent.wait(c.until);

@@ -15,7 +15,7 @@ namespace detail {
 
 inline void dissemination_barrier(call& c) {
   for (int distance = 1; distance < c.size; distance *= 2) {
-    request incoming = c.t.irecv(modulo(c.rank - distance, c.size), c.tag, {});
+    request incoming = c.irecv(modulo(c.rank - distance, c.size), {});
     request outgoing = c.t.isend(modulo(c.rank + distance, c.size), c.tag, {});
     incoming.wait(c.until);
     outgoing.wait(c.until);

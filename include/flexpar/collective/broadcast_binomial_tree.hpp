@@ -27,7 +27,7 @@ void binomial_tree_broadcast(call& c, std::span<T> data, int root) {
   // step 1: receive from my parent
   while (mask < p) {
     if (v & mask) {
-      c.t.recv(real(v - mask), c.tag, writable_bytes_of(data), c.until);
+      c.recv(real(v - mask), writable_bytes_of(data));
       break;
     }
     mask *= 2;

@@ -32,7 +32,7 @@ void chain_broadcast(call& c, std::span<T> data, int root) {
   std::vector<request> receives, sends;
   if (v > 0)
     for (std::size_t k = 0; k < chunks.count(); ++k)
-      receives.push_back(c.t.irecv(prev, c.tag, writable_bytes_of(chunks.of(data, k))));
+      receives.push_back(c.irecv(prev, writable_bytes_of(chunks.of(data, k))));
   for (std::size_t k = 0; k < chunks.count(); ++k) {
     if (v > 0) receives[k].wait(c.until);
     if (v < p - 1) sends.push_back(c.t.isend(next, c.tag, bytes_of(chunks.of(data, k))));

@@ -85,6 +85,10 @@ struct collective_context {
   bool shm_tried = false;
   std::unique_ptr<shared_memory_segment> shm;
   std::uint64_t shm_rounds = 0;  // rounds completed through the segment (its flags count these)
+  std::uint64_t shm_calls = 0;   // calls through the segment (their descriptions number them)
+  // a collective's mismatch_error that left the ranks out of step (shared-memory rounds): every
+  // later collective refuses the communicator with this text
+  std::string broken;
 
   // hierarchical path: my node's ranks, and the ranks with my local rank on every node
   std::unique_ptr<communicator> node;
@@ -107,6 +111,11 @@ inline collective_context& context_of(communicator& comm) {
                                 "called after MPI_Finalize shut its communicator down (destroy flexpar's objects "
                                 "before calling MPI_Finalize)");
   auto& state = comm.collective_state();
+  if (state && !state->broken.empty())
+    throw error_on<usage_error>(comm.rank(), "collective",
+                                "this communicator's collectives are out of step since an earlier one failed (make a "
+                                "new communicator): ",
+                                state->broken);
   if (!state) {
     auto fresh = std::make_shared<collective_context>();
     try {
@@ -157,13 +166,22 @@ std::unique_ptr<T[]> scratch(std::size_t n) {
   return std::make_unique_for_overwrite<T[]>(n);
 }
 
-/// The common preamble of a collective call: its channel, tag and deadline.
+/// The common preamble of a collective call: its channel, tag and deadline. Its receives are exact
+/// (transport::irecv_exact): both sides of every message compute its size, so a message of another
+/// size is a mismatch_error on the receiving rank, never a partial result.
 struct call {
   flexpar::transport& t;
   tag_t tag;
   deadline until;
   int rank;
   int size;
+
+  /// Starts sending `data` to `peer` under the call's tag.
+  [[nodiscard]] request isend(int peer, std::span<const std::byte> data) const { return t.isend(peer, tag, data); }
+  /// Starts receiving exactly data.size() bytes from `peer` under the call's tag.
+  [[nodiscard]] request irecv(int peer, std::span<std::byte> data) const { return t.irecv_exact(peer, tag, data); }
+  /// Receives exactly data.size() bytes from `peer`, by the call's deadline.
+  void recv(int peer, std::span<std::byte> data) const { t.recv_exact(peer, tag, data, until); }
 };
 
 inline call begin_call(communicator& comm) {

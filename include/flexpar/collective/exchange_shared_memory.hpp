@@ -84,7 +84,8 @@ void shared_memory_allgather_placed(communicator& comm, std::span<const T> mine,
       [&](int q, std::uint64_t k, std::span<const std::byte> buffer) {
         const std::size_t m = chunks.size(layout.count(q), k);
         if (m != 0) place(q, k * chunks.chunk, std::span<const T>(reinterpret_cast<const T*>(buffer.data()), m));
-      });
+      },
+      call_facts{layout.total, dtype_of<T>, std::nullopt});
 }
 
 /// A contiguous copy for the placing of a plain collective on `comm`: streaming stores into a
@@ -128,7 +129,7 @@ void shared_memory_alltoall(communicator& comm, std::span<const T> in, std::span
         place_contiguous(comm, out.data() + static_cast<std::size_t>(q) * count + offset, piece.data(), piece.size(),
                          out.size_bytes());
       },
-      "alltoall(shared_memory)");
+      "alltoall(shared_memory)", count * static_cast<std::size_t>(comm.size()));
 }
 
 /// reduce_scatter of the contiguous blocks of `in` (layout) through the segment, in element chunks
@@ -156,7 +157,7 @@ void shared_memory_reduce_scatter(communicator& comm, std::span<const T> in, con
       [&](std::uint64_t k, std::span<T> result, std::span<const T> theirs) {
         reduce_into_forward(result, mine.subspan(k * chunks.chunk, result.size()), theirs, op);
       },
-      out, op, "reduce_scatter(shared_memory)");
+      out, op, "reduce_scatter(shared_memory)", layout.total);
 }
 
 }  // namespace flexpar::detail

@@ -32,7 +32,7 @@ void binomial_tree_reduce(call& c, std::span<T> acc, reduce_op op, int root) {
     if (v + mask < p) {
       if (!landing) landing = scratch<T>(acc.size());
       const std::span<T> incoming(landing.get(), acc.size());
-      c.t.recv(real(v + mask), c.tag, writable_bytes_of(incoming), c.until);
+      c.recv(real(v + mask), writable_bytes_of(incoming));
       reduce_into(acc, std::span<const T>(incoming), op);
     }
   }

@@ -36,7 +36,7 @@ void chain_reduce(call& c, std::span<T> acc, reduce_op op, int root) {
     landing = scratch<T>(acc.size());
     const std::span<T> area(landing.get(), acc.size());
     for (std::size_t k = 0; k < chunks.count(); ++k)
-      receives.push_back(c.t.irecv(from, c.tag, writable_bytes_of(chunks.of(area, k))));
+      receives.push_back(c.irecv(from, writable_bytes_of(chunks.of(area, k))));
   }
   for (std::size_t k = 0; k < chunks.count(); ++k) {
     if (v < p - 1) {

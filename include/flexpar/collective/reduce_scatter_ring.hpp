@@ -103,7 +103,7 @@ void ring_reduce_scatter(call& c, std::span<T> data, const block_layout& layout,
     if (land_in_front && step == p - 2) return;  // posted chunk by chunk in the last step
     const chunking chunks = pipeline_chunks<T>(layout.count(recv_block(step)));
     for (std::size_t k = 0; k < chunks.count(); ++k)
-      receives[step % 2].push_back(c.t.irecv(prev, c.tag, writable_bytes_of(chunks.of(landing_of(step), k))));
+      receives[step % 2].push_back(c.irecv(prev, writable_bytes_of(chunks.of(landing_of(step), k))));
   };
 
   // step 0: push my copy of block r-1 to the next rank
@@ -131,7 +131,7 @@ void ring_reduce_scatter(call& c, std::span<T> data, const block_layout& layout,
         const std::span<T> into = chunks.of(front, posted_in_front);
         const auto [begin, end] = range_of(into);
         if (!sent(begin, end, posted_in_front <= at_least)) break;
-        receives[step % 2].push_back(c.t.irecv(prev, c.tag, writable_bytes_of(into)));
+        receives[step % 2].push_back(c.irecv(prev, writable_bytes_of(into)));
       }
     };
     for (std::size_t k = 0; k < chunks.count(); ++k) {

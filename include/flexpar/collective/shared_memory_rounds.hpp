@@ -14,6 +14,9 @@
 //   step 2 (fill):  fill(g, my round buffer); published = g+1
 //   step 3 (drain): for q = r+1, r+2, ... (mod p): wait for q's publish of g; drain(q, g, q's buffer)
 //   step 4 (free):  consumed = reduced = g+1
+// Each round's publish carries the rank's description of the call, and round 0 compares them: ranks
+// that disagree throw one mismatch_error (collective/allreduce_shared_memory.hpp, "Agreement"). A
+// call of 0 rounds takes one anyway, without fill or drain, to say so.
 // Cost per round: 2 flag hand-offs; the bytes filled are written to cache and read there by peers
 // (allgather_shared_memory_cost, alltoall_shared_memory_cost, reduce_scatter_shared_memory_cost in
 // collective/exchange_shared_memory.hpp, which builds the plain collectives on these).
@@ -33,6 +36,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -48,6 +52,14 @@ namespace flexpar {
 constexpr std::size_t shared_memory_section_bytes(int p) noexcept {
   return shm_round_bytes / static_cast<std::size_t>(p) / 64 * 64;
 }
+
+/// What an exchange through the segment states about itself, for the ranks' agreement on the call
+/// (beside its name and rounds): its elements, dtype and reduce op where it has them.
+struct call_facts {
+  std::uint64_t count = 0;  ///< elements of the whole exchange (0: not stated)
+  std::optional<dtype> type;
+  std::optional<reduce_op> op;
+};
 
 /// Chunks of a block of `count` elements: chunk k is [k * chunk, k * chunk + size(count, k)).
 struct round_chunks {
@@ -118,9 +130,12 @@ inline bool uses_shared_memory(communicator& comm, const staging& s, const char*
 /// this call (k = 0 .. rounds-1) into my round buffer (shm_round_bytes, 64-byte aligned);
 /// drain(q, k, buffer) reads rank q's round k from q's, for every peer q in the order r+1, r+2, ...
 /// A peer's round buffer stays readable until this rank's drain of the last peer of round k returns.
-/// @pre uses_shared_memory(comm, ...) (usage_error otherwise); the same `rounds` on every rank.
+/// @pre uses_shared_memory(comm, ...) (usage_error otherwise).
+/// @throws mismatch_error on every rank when the ranks passed other `rounds`, `op` or `facts`, or
+///         are not all in their same call through the segment (the communicator is unusable then).
 template <class Fill, class Drain>
-void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* op, Fill&& fill, Drain&& drain) {
+void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* op, Fill&& fill, Drain&& drain,
+                          const call_facts& facts = {}) {
   const int p = comm.size(), me = comm.rank();
   detail::shared_memory_segment* segment = detail::shared_memory_of(comm);
   if (segment == nullptr)
@@ -130,27 +145,39 @@ void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* 
   detail::collective_context& ctx = detail::context_of(comm);
   const detail::shm_geometry shm{segment->data(), p};
   const deadline until = comm.default_deadline();
-  for (std::uint64_t k = 0; k < rounds; ++k) {
+  const detail::shm_call call = detail::begin_shm_call(
+      ctx, op, rounds, facts.count, facts.type ? static_cast<std::uint8_t>(*facts.type) : std::uint8_t{0xff},
+      facts.op ? static_cast<std::uint8_t>(*facts.op) : std::uint8_t{0xff});
+  const std::uint64_t taken = std::max<std::uint64_t>(rounds, 1);
+  for (std::uint64_t k = 0; k < taken; ++k) {
     const std::uint64_t g = ctx.shm_rounds + k;
     // step 1 (reuse)
     if (g >= shm_depth)
       detail::wait_for_peers(
           comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, op, "consuming", until);
     // step 2 (fill)
-    fill(k, std::span<std::byte>(shm.round_buffer(me, g), shm_round_bytes));
+    if (k < rounds) fill(k, std::span<std::byte>(shm.round_buffer(me, g), shm_round_bytes));
+    detail::post_shm_call(shm, me, g, call);
     shm.published(me).publish(g + 1);
-    // step 3 (drain)
-    for (int step = 1; step < p; ++step) {
-      const int q = detail::modulo(me + step, p);
+    // step 3 (drain); round 0 first waits for every peer and compares the calls
+    auto wait_for = [&](int q) {
       shm.published(q).wait_until_reached(
           g + 1, until, [&] { return error_text(me, op, "rank ", q, " publishing round ", k, " of ", rounds); });
+    };
+    if (k == 0) {
+      for (int step = 1; step < p; ++step) wait_for(detail::modulo(me + step, p));
+      detail::check_shm_call(comm, ctx, shm, g, call, op);
+    }
+    for (int step = 1; step < p && k < rounds; ++step) {
+      const int q = detail::modulo(me + step, p);
+      wait_for(q);
       drain(q, k, std::span<const std::byte>(shm.round_buffer(q, g), shm_round_bytes));
     }
     // step 4 (free)
     shm.reduced(me).publish(g + 1);
     shm.consumed(me).publish(g + 1);
   }
-  ctx.shm_rounds += rounds;
+  ctx.shm_rounds += taken;
 }
 
 /// An alltoall through the segment, packed and placed by the caller: my round buffer has one
@@ -166,7 +193,7 @@ void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* 
 /// Cost: alltoall_shared_memory_cost.
 template <element T, class Piece, class Pack, class Place>
 void shared_memory_alltoall_placed(communicator& comm, std::size_t rounds, Piece&& piece, Pack&& pack, Place&& place,
-                                   const char* op) {
+                                   const char* op, std::uint64_t count = 0) {
   const int p = comm.size(), me = comm.rank();
   const std::size_t section = shared_memory_section_bytes(p);
   std::vector<std::span<T>> sections(static_cast<std::size_t>(p));
@@ -186,7 +213,8 @@ void shared_memory_alltoall_placed(communicator& comm, std::size_t rounds, Piece
           place(q, from_q.offset,
                 std::span<const T>(reinterpret_cast<const T*>(buffer.data() + static_cast<std::size_t>(me) * section),
                                    from_q.count));
-      });
+      },
+      call_facts{count, dtype_of<T>, std::nullopt});
 }
 
 /// A reduce-scatter through the segment, packed by the caller, in rounds of the alltoall's sections.
@@ -207,7 +235,8 @@ void shared_memory_alltoall_placed(communicator& comm, std::size_t rounds, Piece
 /// Cost: reduce_scatter_shared_memory_cost.
 template <element T, class Piece, class Pack, class First>
 void shared_memory_reduce_scatter_packed(communicator& comm, std::size_t rounds, Piece&& piece, Pack&& pack,
-                                         First&& first, std::span<T> out, reduce_op op, const char* op_name) {
+                                         First&& first, std::span<T> out, reduce_op op, const char* op_name,
+                                         std::uint64_t count = 0) {
   const int p = comm.size(), me = comm.rank();
   const std::size_t section = shared_memory_section_bytes(p);
   const int first_peer = detail::modulo(me + 1, p);
@@ -230,7 +259,8 @@ void shared_memory_reduce_scatter_packed(communicator& comm, std::size_t rounds,
           first(k, result, theirs);
         else
           reduce_into(result, theirs, op);
-      });
+      },
+      call_facts{count, dtype_of<T>, op});
 }
 
 }  // namespace flexpar

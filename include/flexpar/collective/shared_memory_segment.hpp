@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include <flexpar/core/process.hpp>
 #include <flexpar/transport/transport.hpp>
 
 namespace flexpar::detail {
@@ -125,13 +126,22 @@ class shared_memory_segment {
 /// The publisher wakes only when someone announced itself in `waiters` (sequentially consistent on
 /// both sides, so a wake-up is never lost). Counters are 32-bit and compared modulo 2^32: ranks are
 /// never more than a few rounds apart.
+///
+/// A counter may know the pid of the process that advances it (`owner`, a word in the segment that
+/// process wrote; 0 while unknown). A waiter that sleeps then asks every shm_liveness_check whether
+/// that process still runs (core/process.hpp) and throws peer_failure at once when it has exited,
+/// whatever the deadline: a dead rank of the node is named within a fraction of a second.
 class shared_counter {
  public:
   /// How long a waiter spins before it sleeps: longer than a round's work on the other side usually
   /// takes to finish, shorter than a scheduler time slice.
   static constexpr std::chrono::microseconds shm_spin{40};
 
-  shared_counter(std::uint32_t* word, std::uint32_t* waiters) noexcept : word_(word), waiters_(waiters) {}
+  /// How often a sleeping waiter asks whether the owner's process still runs.
+  static constexpr std::chrono::milliseconds shm_liveness_check{100};
+
+  shared_counter(std::uint32_t* word, std::uint32_t* waiters, const std::uint32_t* owner = nullptr) noexcept
+      : word_(word), waiters_(waiters), owner_(owner) {}
 
   void publish(std::uint64_t value) noexcept {
     std::atomic_ref<std::uint32_t>(*word_).store(static_cast<std::uint32_t>(value), std::memory_order_seq_cst);
@@ -141,7 +151,8 @@ class shared_counter {
 
   [[nodiscard]] bool reached(std::uint64_t target) const noexcept { return reached(load(), target); }
 
-  /// Blocks until the counter reaches `target`; timeout_error with describe()'s text at `until`.
+  /// Blocks until the counter reaches `target`; timeout_error with describe()'s text at `until`;
+  /// peer_failure with it as soon as the owner's process is seen to have exited.
   template <class Describe>
   void wait_until_reached(std::uint64_t target, deadline until, Describe&& describe) const {
     const auto spin_until = clock::now() + shm_spin;
@@ -153,11 +164,19 @@ class shared_counter {
       if (spin % 64 == 0 && clock::now() >= spin_until) break;
     }
     std::atomic_ref<std::uint32_t> waiters(*waiters_);
+    auto next_check = clock::now() + shm_liveness_check;
     while (!reached(target)) {
       const auto now = clock::now();
       if (now >= until) {
         if (reached(target)) return;
         throw timeout_error(describe() + " did not happen before its deadline");
+      }
+      if (owner_ != nullptr && now >= next_check) {
+        next_check = now + shm_liveness_check;
+        const std::int64_t pid = std::atomic_ref<const std::uint32_t>(*owner_).load(std::memory_order_relaxed);
+        if (pid != 0 && pid != my_pid() && process_gone(pid) && !reached(target))
+          throw peer_failure(describe() + " will not happen: that rank's process (pid " + std::to_string(pid) +
+                             ") has exited");
       }
       const auto nap = std::min<clock::duration>(until - now, std::chrono::milliseconds(10));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(nap).count();
@@ -179,6 +198,7 @@ class shared_counter {
 
   std::uint32_t* word_;
   std::uint32_t* waiters_;
+  const std::uint32_t* owner_;
 };
 
 }  // namespace flexpar::detail

@@ -13,6 +13,8 @@
 //    in the order they were sent. There is no wildcard source or tag.
 //  - A receive buffer may be larger than the message (request::bytes() tells the size received);
 //    a message larger than the buffer is an error (transport_error), never a silent truncation.
+//    An exact receive (irecv_exact) takes only a message of its buffer's size: a shorter one is a
+//    mismatch_error.
 //  - Zero-length messages are messages: they match and complete like any other.
 //  - Every blocking wait has a deadline: past it, timeout_error names the rank, op, peer, tag and size.
 //  - Tags run from 0 to max_tag() - 1; max_tag() itself is reserved for flexpar's own bootstrap.
@@ -98,6 +100,7 @@ class request {
       abandon();
       state_ = std::move(other.state_);
       bytes_ = other.bytes_;
+      exact_ = other.exact_;
     }
     return *this;
   }
@@ -121,11 +124,17 @@ class request {
   /// True while the operation has not been seen to complete (test() or wait() not yet true).
   [[nodiscard]] bool pending() const noexcept { return state_ != nullptr; }
 
+  /// Makes a receive exact (transport::irecv_exact): a message of another size than its buffer is
+  /// then a mismatch_error when test() or wait() sees it complete, not a shorter receive.
+  void make_exact() noexcept { exact_ = true; }
+
  private:
   void finish() {
     bytes_ = state_->bytes();
+    if (exact_ && bytes_ != state_->info().size) throw_inexact();
     state_.reset();
   }
+  [[noreturn]] void throw_inexact();
   void abandon() noexcept {
     if (state_) state_->abandon();
     state_.reset();
@@ -133,6 +142,7 @@ class request {
 
   std::unique_ptr<detail::request_state> state_;
   std::size_t bytes_ = 0;
+  bool exact_ = false;
 };
 
 /// Waits for every request in `requests` (all share one deadline).
@@ -176,6 +186,15 @@ class transport {
     check_tag("irecv", tag);
     return do_irecv(peer, tag, data);
   }
+  /// irecv of a message of exactly data.size() bytes: a shorter one is a mismatch_error naming the
+  /// peer and both sizes when the request completes (a longer one is the transport_error of any
+  /// receive). What the collectives post: their peers' messages have sizes both sides compute, so
+  /// another size means the ranks disagree about the call.
+  [[nodiscard]] request irecv_exact(int peer, tag_t tag, std::span<std::byte> data) {
+    request r = irecv(peer, tag, data);
+    r.make_exact();
+    return r;
+  }
 
   /// Collective over this transport's ranks: a new transport over the ranks that passed the same
   /// `color`, ordered by (key, rank); nullptr for ranks that passed a negative color.
@@ -204,6 +223,10 @@ class transport {
     request r = irecv(peer, tag, data);
     r.wait(until);
     return r.bytes();
+  }
+  /// irecv_exact + wait. @throws mismatch_error for a message of another size; timeout_error at `until`.
+  void recv_exact(int peer, tag_t tag, std::span<std::byte> data, deadline until) {
+    irecv_exact(peer, tag, data).wait(until);
   }
 
  protected:
