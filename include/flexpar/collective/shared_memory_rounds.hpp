@@ -57,8 +57,8 @@ constexpr std::size_t shared_memory_section_bytes(int p) noexcept {
 /// (beside its name and rounds): its elements, dtype and reduce op where it has them.
 struct call_facts {
   std::uint64_t count = 0;  ///< elements of the whole exchange (0: not stated)
-  std::optional<dtype> type;     ///< element type (nullopt: not stated)
-  std::optional<reduce_op> op;   ///< reduce op (nullopt: not stated, or none)
+  std::optional<dtype> type;    ///< element type (nullopt: not stated)
+  std::optional<reduce_op> op;  ///< reduce op (nullopt: not stated, or none)
 };
 
 /// Chunks of a block of `count` elements: chunk k is [k * chunk, k * chunk + size(count, k)).
