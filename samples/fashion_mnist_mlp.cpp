@@ -178,6 +178,7 @@ int train(const settings& opt) {
   // and the settings a resumed run must share (seed, batch).
   position at;
   std::int64_t saved_seed = static_cast<std::int64_t>(opt.seed), saved_batch = static_cast<std::int64_t>(opt.batch);
+  std::int64_t saved_by = size;  // the world that wrote the checkpoint (this one's, for its own saves)
   flexpar::checkpoint::state ck;
   std::optional<flexpar::checkpoint::async_saver> saver;
   if (!opt.checkpoint.empty()) {
@@ -197,11 +198,10 @@ int train(const settings& opt) {
       }
     }
     ck.add_integer("epoch", at.epoch).add_integer("examples_into_epoch", at.examples);
-    ck.add_integer("seed", saved_seed).add_integer("batch_per_rank", saved_batch);
+    ck.add_integer("seed", saved_seed).add_integer("batch_per_rank", saved_batch).add_integer("ranks", saved_by);
     saver.emplace(comm);
   }
   if (opt.resume && std::filesystem::exists(std::filesystem::path(opt.checkpoint) / "metadata.json")) {
-    const int saved_by = flexpar::checkpoint::read_contents(opt.checkpoint, rank).world_size;
     flexpar::checkpoint::load(comm, opt.checkpoint, ck);
     if (saved_seed != static_cast<std::int64_t>(opt.seed) || saved_batch != static_cast<std::int64_t>(opt.batch))
       throw flexpar::usage_error("fashion_mnist_mlp: the checkpoint in " + opt.checkpoint + " was saved with --seed " +
@@ -209,8 +209,10 @@ int train(const settings& opt) {
                                  "; this run has --seed " + std::to_string(opt.seed) + " --batch " +
                                  std::to_string(opt.batch));
     if (rank == 0)
-      std::printf("resumed from %s (saved by %d ranks): epoch %lld, %lld examples into it\n", opt.checkpoint.c_str(),
-                  saved_by, static_cast<long long>(at.epoch), static_cast<long long>(at.examples));
+      std::printf("resumed from %s (saved by %lld ranks): epoch %lld, %lld examples into it\n", opt.checkpoint.c_str(),
+                  static_cast<long long>(saved_by), static_cast<long long>(at.epoch),
+                  static_cast<long long>(at.examples));
+    saved_by = size;
   } else if (opt.resume && rank == 0) {
     std::printf("no checkpoint in %s: starting at step 0\n", opt.checkpoint.c_str());
   }

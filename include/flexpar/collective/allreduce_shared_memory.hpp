@@ -163,11 +163,10 @@ inline void check_shm_call(const communicator& comm, collective_context& ctx, co
   bool agree = true;  // the common case, compared in place: no copy, no allocation
   for (int q = 0; q < p && agree; ++q) agree = std::memcmp(shm.call_slot(q, g), &mine, sizeof(shm_call)) == 0;
   if (agree) return;
-  std::vector<shm_call> said(static_cast<std::size_t>(p));
-  for (int q = 0; q < p; ++q) std::memcpy(&said[static_cast<std::size_t>(q)], shm.call_slot(q, g), sizeof(shm_call));
   std::vector<std::pair<shm_call, std::vector<int>>> groups;  // in the order of their lowest rank
   for (int q = 0; q < p; ++q) {
-    const shm_call& c = said[static_cast<std::size_t>(q)];
+    shm_call c;
+    std::memcpy(&c, shm.call_slot(q, g), sizeof(shm_call));
     auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g2) { return g2.first == c; });
     if (it == groups.end())
       groups.push_back({c, {q}});

@@ -176,8 +176,6 @@ struct call {
   int rank;
   int size;
 
-  /// Starts sending `data` to `peer` under the call's tag.
-  [[nodiscard]] request isend(int peer, std::span<const std::byte> data) const { return t.isend(peer, tag, data); }
   /// Starts receiving exactly data.size() bytes from `peer` under the call's tag.
   [[nodiscard]] request irecv(int peer, std::span<std::byte> data) const { return t.irecv_exact(peer, tag, data); }
   /// Receives exactly data.size() bytes from `peer`, by the call's deadline.

@@ -140,7 +140,7 @@ class shared_counter {
   /// How often a sleeping waiter asks whether the owner's process still runs.
   static constexpr std::chrono::milliseconds shm_liveness_check{100};
 
-  shared_counter(std::uint32_t* word, std::uint32_t* waiters, const std::uint32_t* owner = nullptr) noexcept
+  shared_counter(std::uint32_t* word, std::uint32_t* waiters, std::uint32_t* owner = nullptr) noexcept
       : word_(word), waiters_(waiters), owner_(owner) {}
 
   void publish(std::uint64_t value) noexcept {
@@ -173,7 +173,7 @@ class shared_counter {
       }
       if (owner_ != nullptr && now >= next_check) {
         next_check = now + shm_liveness_check;
-        const std::int64_t pid = std::atomic_ref<const std::uint32_t>(*owner_).load(std::memory_order_relaxed);
+        const std::int64_t pid = std::atomic_ref<std::uint32_t>(*owner_).load(std::memory_order_relaxed);
         if (pid != 0 && pid != my_pid() && process_gone(pid) && !reached(target))
           throw peer_failure(describe() + " will not happen: that rank's process (pid " + std::to_string(pid) +
                              ") has exited");
@@ -198,7 +198,7 @@ class shared_counter {
 
   std::uint32_t* word_;
   std::uint32_t* waiters_;
-  const std::uint32_t* owner_;
+  std::uint32_t* owner_;  // read only (atomic_ref needs a non-const object)
 };
 
 }  // namespace flexpar::detail
