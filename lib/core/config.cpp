@@ -65,6 +65,15 @@ config config::from_environment(const std::function<std::optional<std::string>(s
     c.spin = std::chrono::microseconds(
         static_cast<long long>(parse_number("FLEXPAR_SPIN_US", *v, 0, "a number of microseconds >= 0")));
 
+  if (auto v = lookup("FLEXPAR_HEARTBEAT_MS"))
+    c.heartbeat_interval = std::chrono::milliseconds(static_cast<long long>(
+        std::llround(parse_number("FLEXPAR_HEARTBEAT_MS", *v, 0, "a number of milliseconds >= 0"))));
+  if (auto v = lookup("FLEXPAR_HEARTBEAT_MISSES")) {
+    const double x = parse_number("FLEXPAR_HEARTBEAT_MISSES", *v, 1, "a whole number >= 1");
+    if (x != std::floor(x) || x > 1 << 20) bad_value("FLEXPAR_HEARTBEAT_MISSES", *v, "a whole number >= 1");
+    c.heartbeat_misses = static_cast<int>(x);
+  }
+
   const auto seconds = [&](std::string_view name, double min) {
     auto v = lookup(name);
     return v ? std::optional<double>(

@@ -50,6 +50,18 @@ TEST(config, reads_the_streaming_threshold) {
   EXPECT_THROW((void)from({{"FLEXPAR_SOURCE_IN_MEMORY_MIN_BYTES", "16M"}}), usage_error);
 }
 
+TEST(config, reads_the_heartbeat_variables) {
+  EXPECT_EQ(config{}.heartbeat_interval, std::chrono::milliseconds(250));
+  EXPECT_EQ(config{}.heartbeat_misses, 8);
+  const config c = from({{"FLEXPAR_HEARTBEAT_MS", "100"}, {"FLEXPAR_HEARTBEAT_MISSES", "3"}});
+  EXPECT_EQ(c.heartbeat_interval, std::chrono::milliseconds(100));
+  EXPECT_EQ(c.heartbeat_misses, 3);
+  EXPECT_EQ(from({{"FLEXPAR_HEARTBEAT_MS", "0"}}).heartbeat_interval, std::chrono::milliseconds(0));  // off
+  EXPECT_THROW((void)from({{"FLEXPAR_HEARTBEAT_MS", "-5"}}), usage_error);
+  EXPECT_THROW((void)from({{"FLEXPAR_HEARTBEAT_MISSES", "0"}}), usage_error);
+  EXPECT_THROW((void)from({{"FLEXPAR_HEARTBEAT_MISSES", "2.5"}}), usage_error);
+}
+
 TEST(config, reads_the_engine_variables) {
   const config c = from({{"FLEXPAR_FUSION_THRESHOLD", "0"},
                          {"FLEXPAR_CYCLE_TIME_MS", "2.5"},

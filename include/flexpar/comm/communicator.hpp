@@ -130,6 +130,23 @@ class communicator {
   /// @throws timeout_error naming the ranks that did not call it within settings().timeout.
   [[nodiscard]] std::optional<communicator> split(int color, int key) const;
 
+  /// The ranks of this group known to have failed, ascending (empty: none, or no heartbeats): what
+  /// the liveness monitor (FLEXPAR_HEARTBEAT_MS, transport/liveness.hpp) says now.
+  [[nodiscard]] std::vector<int> failed_ranks() const;
+
+  /// Collective over the ranks still alive, after a failure (a peer_failure from any operation on
+  /// this communicator): they agree on which ranks failed and get a new communicator over the
+  /// others, ordered as here, with the same settings. The agreement runs over this communicator's
+  /// transport (tag max_tag() - 1) and the heartbeats: the lowest live rank collects every live
+  /// rank's view of the failures and sends the union to all, each rank passes it on to all, and
+  /// each returns once every other survivor has confirmed it; a coordinator that fails meanwhile is
+  /// replaced by the next live rank. This communicator is not used again afterwards (its
+  /// collectives stopped out of step); destroy it.
+  /// @throws peer_failure when a survivor fails during the agreement (call shrink() again on this
+  ///         communicator); usage_error without heartbeats or without MPI (in-process groups);
+  ///         timeout_error at settings().timeout.
+  [[nodiscard]] communicator shrink();
+
   /// Collective: the ranks of my node (the intra-node group of hierarchical algorithms).
   [[nodiscard]] communicator split_node() const;
   /// Collective: the ranks with my local rank, one per node (the inter-node group).

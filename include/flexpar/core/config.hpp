@@ -47,6 +47,17 @@ struct config {
   /// a core.
   std::chrono::microseconds spin{100000};
 
+  /// FLEXPAR_HEARTBEAT_MS (milliseconds; default 250; 0 = no heartbeats): how often each rank of a
+  /// communicator made by communicator::from_mpi tells every other that it is alive, on a UDP side
+  /// channel of its own (transport/liveness.hpp). A peer is failed when its process on the same host
+  /// has exited (seen within 0.1 s) or when heartbeat_misses beats in a row did not come; every
+  /// wait of the transport then ends with peer_failure naming it, whatever `timeout` says.
+  std::chrono::milliseconds heartbeat_interval{250};
+
+  /// FLEXPAR_HEARTBEAT_MISSES (default 8): beats in a row a peer may miss before it is failed (with
+  /// the default interval: 2 s of silence). Raise it where ranks can be descheduled for long.
+  int heartbeat_misses = 8;
+
   /// FLEXPAR_STREAMING_MIN_BYTES (bytes; default 4 MiB; 0 = never): a destination of at least this
   /// many bytes is taken to live in memory, not in cache, by the shared-memory collectives and the
   /// boxings, and written with streaming (non-temporal) stores. Where it pays depends on the machine

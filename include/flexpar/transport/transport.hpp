@@ -17,6 +17,9 @@
 //    mismatch_error.
 //  - Zero-length messages are messages: they match and complete like any other.
 //  - Every blocking wait has a deadline: past it, timeout_error names the rank, op, peer, tag and size.
+//  - The MPI and UCX transports watch their ranks (transport/liveness.hpp, heartbeats): a request
+//    that has not completed throws peer_failure, naming the failed ranks, once a rank of its group
+//    has failed, whichever peer it waits for.
 //  - Tags run from 0 to max_tag() - 1; max_tag() itself is reserved for flexpar's own bootstrap.
 //  - A transport is used by one thread at a time unless the transport says otherwise.
 #pragma once
@@ -42,6 +45,8 @@ using tag_t = std::uint64_t;
 enum class message_direction : unsigned char { send, recv };
 
 namespace detail {
+
+class liveness_view;
 
 /// What a request is about, kept for its error messages.
 struct request_info {
@@ -211,6 +216,10 @@ class transport {
   }
   /// True once close() ran.
   [[nodiscard]] bool closed() const noexcept { return closed_; }
+
+  /// Which of this transport's ranks are alive, by heartbeats (transport/liveness.hpp): the view its
+  /// requests consult, or nullptr where there is none (in-process, FLEXPAR_HEARTBEAT_MS=0).
+  [[nodiscard]] virtual detail::liveness_view* liveness() const noexcept { return nullptr; }
 
   /// Sends `data` to `peer` under `tag` and waits for completion (isend + wait).
   /// @throws timeout_error at `until`.

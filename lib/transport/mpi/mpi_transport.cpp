@@ -20,15 +20,21 @@
 // bytes, a send waits for its peer to take it (MPI cannot cancel a send that has started), both
 // until one FLEXPAR_TIMEOUT after the first request of this transport was abandoned, so that the
 // requests a failing collective leaves behind share one deadline.
+//
+// Liveness (transport/liveness.hpp): a request that has not completed asks the transport's view on
+// every poll whether a rank it depends on has failed, and throws peer_failure naming it; its
+// settling on destruction stops waiting then too (the failed peer will never take or give its bytes).
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/check_mpi.hpp>
 #include <flexpar/core/mpi_comm.hpp>
+#include <flexpar/transport/liveness.hpp>
 #include <flexpar/transport/mpi.hpp>
 
 #include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 namespace flexpar {
@@ -52,6 +58,17 @@ class mpi_endpoint {
       : comm_(std::move(comm)), timeout_(timeout) {}
 
   [[nodiscard]] MPI_Comm comm() const noexcept { return comm_.get(); }
+
+  /// The liveness view the requests consult (null: none).
+  void watch(std::shared_ptr<detail::liveness_view> view) noexcept { liveness_ = std::move(view); }
+  [[nodiscard]] detail::liveness_view* liveness() const noexcept { return liveness_.get(); }
+  [[nodiscard]] const std::shared_ptr<detail::liveness_view>& liveness_shared() const noexcept { return liveness_; }
+  /// True when a failed rank keeps the request of `info` from completing.
+  [[nodiscard]] bool blocked(const detail::request_info& info) const { return liveness_ && liveness_->blocks(info); }
+  /// Throws peer_failure when a failed rank keeps the request of `info` from completing.
+  void check_alive(const detail::request_info& info) const {
+    if (blocked(info)) liveness_->throw_failure(info);
+  }
 
   void post(int peer, tag_t tag, const std::shared_ptr<posted_recv>& r) {
     waiting_[{peer, tag}].push_back(r);
@@ -118,6 +135,7 @@ class mpi_endpoint {
 
  private:
   detail::owned_mpi_comm comm_;
+  std::shared_ptr<detail::liveness_view> liveness_;
   std::chrono::milliseconds timeout_;
   deadline settle_until_{};
   std::map<std::pair<int, tag_t>, std::deque<std::shared_ptr<posted_recv>>> waiting_;
@@ -129,14 +147,20 @@ bool mpi_finalized() noexcept {
   return finalized != 0;
 }
 
-/// Waits for `handle` until `until` without throwing; releases it to MPI if it is still pending then.
-void settle(MPI_Request& handle, deadline until) noexcept {
+/// Waits for `handle` until `until`, or until a failed rank keeps it from completing (`endpoint`'s
+/// liveness view, for a request of `info`), without throwing; releases it to MPI if it is still
+/// pending then.
+void settle(MPI_Request& handle, deadline until, const mpi_endpoint& endpoint,
+            const detail::request_info& info) noexcept {
   if (handle == MPI_REQUEST_NULL || mpi_finalized()) return;
   try {
-    if (detail::wait_for_mpi(handle, until)) return;
-  } catch (const error&) {
-    // The operation failed: nothing of it is in flight any more.
-    return;
+    for (std::chrono::microseconds pause{2};; pause = std::min(pause * 2, std::chrono::microseconds{1000})) {
+      int done = 0;
+      if (MPI_Test(&handle, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;  // failed: nothing in flight
+      if (clock::now() >= until || endpoint.blocked(info)) break;
+      std::this_thread::sleep_for(pause);
+    }
+  } catch (...) {
   }
   MPI_Request_free(&handle);
 }
@@ -150,13 +174,16 @@ class mpi_send final : public detail::request_state {
     endpoint_->match_all();  // the peer may wait for one of our receives before it takes this send
     int done = 0;
     FLEXPAR_CHECK_MPI(MPI_Test(&handle_, &done, MPI_STATUS_IGNORE));
-    return done != 0;
+    if (done) return true;
+    endpoint_->check_alive(info_);
+    return false;
   }
 
   void abandon() noexcept override {
     // The peer may be reading from the buffer right now (MPI cannot cancel a send that has started):
     // wait for it to finish, up to the deadline.
-    if (handle_ != MPI_REQUEST_NULL && !mpi_finalized()) settle(handle_, endpoint_->settle_deadline());
+    if (handle_ != MPI_REQUEST_NULL && !mpi_finalized())
+      settle(handle_, endpoint_->settle_deadline(), *endpoint_, info_);
   }
 
  private:
@@ -171,10 +198,12 @@ class mpi_recv final : public detail::request_state {
 
   bool test() override {
     endpoint_->match_all();  // this receive, and the others a peer may be waiting for
-    if (!recv_->matched) return false;
     int done = 0;
-    FLEXPAR_CHECK_MPI(MPI_Test(&recv_->handle, &done, MPI_STATUS_IGNORE));
-    if (!done) return false;
+    if (recv_->matched) FLEXPAR_CHECK_MPI(MPI_Test(&recv_->handle, &done, MPI_STATUS_IGNORE));
+    if (!done) {
+      endpoint_->check_alive(info_);
+      return false;
+    }
     if (recv_->truncated) {
       recv_->overflow.reset();
       throw transport_error("MPI", MPI_ERR_TRUNCATE,
@@ -198,7 +227,7 @@ class mpi_recv final : public detail::request_state {
       }
     }
     // Matched: the bytes are on their way into the buffer; wait for them, up to the deadline.
-    settle(recv_->handle, endpoint_->settle_deadline());
+    settle(recv_->handle, endpoint_->settle_deadline(), *endpoint_, info_);
   }
 
   [[nodiscard]] std::size_t bytes() const noexcept override { return recv_->size; }
@@ -231,8 +260,15 @@ class mpi_transport final : public transport {
     detail::bootstrap_barrier(*this, "split", deadline_after(config_.timeout));
     detail::owned_mpi_comm sub = detail::split_for_flexpar(endpoint_->comm(), color, key);
     if (sub.get() == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<mpi_transport>(std::move(sub), config_);
+    auto child = std::make_unique<mpi_transport>(std::move(sub), config_);
+    child->watch(detail::watch_split(*child, endpoint_->liveness_shared(), rank_, deadline_after(config_.timeout)));
+    return child;
   }
+
+  [[nodiscard]] detail::liveness_view* liveness() const noexcept override { return endpoint_->liveness(); }
+
+  /// Makes the requests consult `view` (make_mpi_transport, split).
+  void watch(std::shared_ptr<detail::liveness_view> view) noexcept { endpoint_->watch(std::move(view)); }
 
  protected:
   // The peer is not checked here on purpose: MPI checks it and says so in its own words.
@@ -268,8 +304,10 @@ class mpi_transport final : public transport {
 }  // namespace
 
 std::unique_ptr<transport> make_mpi_transport(MPI_Comm comm, const config& cfg) {
-  return std::make_unique<mpi_transport>(
+  auto t = std::make_unique<mpi_transport>(
       detail::duplicate_for_flexpar(comm, deadline_after(cfg.timeout), "make_mpi_transport"), cfg);
+  t->watch(detail::start_watching(*t, cfg));
+  return t;
 }
 
 }  // namespace flexpar

@@ -14,9 +14,14 @@
 //
 // Waits poll the worker for config::spin (latency), then arm the worker and sleep in poll() on
 // its event file descriptor (UCP_FEATURE_WAKEUP) so that an idle rank leaves its core to others.
+//
+// Liveness (transport/liveness.hpp): a request that has not completed asks the transport's view on
+// every poll whether a rank it depends on has failed and throws peer_failure naming it; abandoning
+// and the teardown's barriers stop waiting for failed ranks.
 #include <flexpar/core/check_mpi.hpp>
 #include <flexpar/core/check_ucx.hpp>
 #include <flexpar/core/mpi_comm.hpp>
+#include <flexpar/transport/liveness.hpp>
 #include <flexpar/transport/ucx.hpp>
 
 #include <poll.h>
@@ -99,6 +104,14 @@ class ucx_shared {
     return settle_until_;
   }
   [[nodiscard]] peer_slot& slot(int peer) { return slots_[static_cast<std::size_t>(peer)]; }
+
+  /// The liveness view the requests consult (null: none).
+  void watch(std::shared_ptr<detail::liveness_view> view) noexcept { liveness_ = std::move(view); }
+  [[nodiscard]] const std::shared_ptr<detail::liveness_view>& liveness() const noexcept { return liveness_; }
+  /// True when a failed rank keeps the request of `info` from completing.
+  [[nodiscard]] bool blocked(const detail::request_info& info) const { return liveness_ && liveness_->blocks(info); }
+  /// True when some rank of the group has failed.
+  [[nodiscard]] bool any_failed() const { return liveness_ && !liveness_->failed().empty(); }
 
   /// Endpoints to every peer but ourselves. `same_node[p]` says whether peer p shares our node.
   void connect(const std::vector<std::vector<std::byte>>& addresses, const std::vector<bool>& same_node) {
@@ -264,6 +277,7 @@ class ucx_shared {
   }
 
   int rank_;
+  std::shared_ptr<detail::liveness_view> liveness_;
   std::chrono::microseconds spin_;
   std::chrono::milliseconds timeout_;
   deadline settle_until_{};
@@ -304,8 +318,11 @@ class ucx_request final : public detail::request_state {
     // is released to UCX, which frees it when it ends.
     if (info_.direction == message_direction::recv) ucp_request_cancel(shared_->worker(), handle_);
     const deadline until = shared_->settle_deadline();
-    while (ucp_request_check_status(handle_) == UCS_INPROGRESS && clock::now() < until)
-      ucp_worker_progress(shared_->worker());
+    try {
+      while (ucp_request_check_status(handle_) == UCS_INPROGRESS && clock::now() < until && !shared_->blocked(info_))
+        ucp_worker_progress(shared_->worker());
+    } catch (...) {
+    }
     ucp_request_free(handle_);
     handle_ = nullptr;
   }
@@ -333,6 +350,10 @@ class ucx_request final : public detail::request_state {
         peer_failed_ = failure;
         return true;
       }
+      if (shared_->blocked(info_)) {
+        liveness_failed_ = true;
+        return true;
+      }
       return false;
     }
     status_ = status;
@@ -343,6 +364,7 @@ class ucx_request final : public detail::request_state {
 
   bool check(bool done) const {
     if (!done) return false;
+    if (liveness_failed_) shared_->liveness()->throw_failure(info_);
     if (peer_failed_ != UCS_OK)
       throw peer_failure(detail::describe(info_) + " failed: rank " + std::to_string(info_.peer) +
                          " is unreachable: " + status_text(peer_failed_));
@@ -362,6 +384,7 @@ class ucx_request final : public detail::request_state {
   std::size_t received_ = 0;
   ucs_status_t status_ = UCS_OK;
   ucs_status_t peer_failed_ = UCS_OK;
+  bool liveness_failed_ = false;  // a failed rank keeps this request from completing
 };
 
 /// An operation to or from oneself, matched by the transport.
@@ -421,8 +444,15 @@ class ucx_transport final : public transport {
     detail::bootstrap_barrier(*this, "split", deadline_after(config_.timeout));
     detail::owned_mpi_comm sub = detail::split_for_flexpar(comm_.get(), color, key);
     if (sub.get() == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<ucx_transport>(std::move(sub), config_);
+    auto child = std::make_unique<ucx_transport>(std::move(sub), config_);
+    child->watch(detail::watch_split(*child, shared_->liveness(), rank_, deadline_after(config_.timeout)));
+    return child;
   }
+
+  [[nodiscard]] detail::liveness_view* liveness() const noexcept override { return shared_->liveness().get(); }
+
+  /// Makes the requests consult `view` (make_ucx_transport, split).
+  void watch(std::shared_ptr<detail::liveness_view> view) noexcept { shared_->watch(std::move(view)); }
 
  protected:
   /// At MPI_Finalize (through the communicator): the orderly teardown while MPI still works.
@@ -545,8 +575,10 @@ class ucx_transport final : public transport {
     int finalized = 0;
     MPI_Finalized(&finalized);
     const deadline until = deadline_after(config_.timeout);
-    const bool together = !finalized && barrier(until);
-    if (!together && !finalized)
+    // With a failed rank there is no barrier to meet: close without waiting for it.
+    const bool failed = shared_->any_failed();
+    const bool together = !finalized && !failed && barrier(until);
+    if (!together && !finalized && !failed)
       std::fprintf(stderr, "%s\n",
                    error_text(rank_, "ucx", "not every rank reached the transport's teardown; closing anyway").c_str());
     const bool closed = together && shared_->close_endpoints(false, until);
@@ -567,8 +599,10 @@ class ucx_transport final : public transport {
 bool ucx_available() noexcept { return true; }
 
 std::unique_ptr<transport> make_ucx_transport(MPI_Comm comm, const config& cfg) {
-  return std::make_unique<ucx_transport>(
+  auto t = std::make_unique<ucx_transport>(
       detail::duplicate_for_flexpar(comm, deadline_after(cfg.timeout), "make_ucx_transport"), cfg);
+  t->watch(detail::start_watching(*t, cfg));
+  return t;
 }
 
 }  // namespace flexpar
