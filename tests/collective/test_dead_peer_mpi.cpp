@@ -1,71 +1,176 @@
-// A rank of one node killed (SIGKILL) while the others wait for it in a collective through the
-// shared-memory segment: every survivor must throw peer_failure naming that rank within 3 s, with
-// FLEXPAR_TIMEOUT at 300 s. Run by tests/collective/dead_peer.sh (which launches so that the
+// The last rank of 3 killed (SIGKILL) or stopped (SIGSTOP) while the others wait for it: every
+// survivor must throw peer_failure naming that rank within 3 s, with FLEXPAR_TIMEOUT at 300 s; with
+// `shrink`, the survivors then agree on who failed, make a communicator of the two of them, rebuild
+// what they used on it and go on. Run by tests/collective/dead_peer.sh (which launches so that the
 // launcher leaves the survivors running), which checks what each survivor prints:
 //
-//   test_dead_peer_mpi allreduce_small | allreduce_large | allgather
+//   test_dead_peer_mpi OP [shrink]
+//     OP: allreduce_small | allreduce_large | allgather   shared memory, liveness by the flag lines
+//         ring                  the ring allreduce over the transport (FLEXPAR_TRANSPORT: mpi | ucx)
+//         engine                a gradient_sync step over an engine (its negotiation and fusion thread)
+//         relaxation            a decentralized (ring) relaxation's step, point to point
+//         stopped               the ring, the victim stopped rather than killed: only its heartbeats tell
 //
-// The last rank kills itself after one collective that every rank finishes (it builds the channel
-// and the segment and checks the sum); each survivor then prints
-// "survivor R: peer_failure after S s: TEXT" and leaves with _exit (MPI cannot finalize without the
-// dead rank), status 0 when TEXT names the last rank's exit, 1 otherwise.
+// The victim dies after one operation that every rank finishes (and checks); each survivor then
+// prints "survivor R: peer_failure after S s: TEXT", and with `shrink`
+// "survivor R: shrunk to P ranks in S s, rebuilt in S s; OP on them: ok" (or FAILED: ...). It
+// leaves with _exit (MPI cannot finalize without the dead rank), after a pause that lets the other
+// survivor see the failure before this rank's own exit could be seen too; status 0 when TEXT names
+// the victim and only the victim.
 #include <mpi.h>
 
+#include <signal.h>
 #include <unistd.h>
+
 #include <chrono>
-#include <csignal>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <flexpar/collective.hpp>
 #include <flexpar/comm/communicator.hpp>
+#include <flexpar/engine/engine.hpp>
+#include <flexpar/engine/gradient_sync.hpp>
+#include <flexpar/relax/decentralized.hpp>
+#include <flexpar/relax/optimizer.hpp>
 
 namespace {
 
-void run(flexpar::communicator& comm, const std::string& op, std::vector<float>& data) {
-  if (op == "allgather")
-    flexpar::allgather(comm, std::span(data), flexpar::algorithm::shared_memory);
-  else
-    flexpar::allreduce(comm, std::span(data), flexpar::reduce_op::sum, flexpar::algorithm::shared_memory);
-}
+using seconds = std::chrono::duration<double>;
+
+/// What the survivors run: one operation of OP on `comm`, built on first use and rebuilt by reset().
+class workload {
+ public:
+  workload(std::string op, std::size_t n) : op_(std::move(op)), data_(n, 1.0f), weights_(n, 1.0f), grads_(n, 0.0f) {}
+
+  /// Builds what OP needs on `comm` (collective).
+  void build(flexpar::communicator& comm) {
+    comm_ = &comm;
+    reset();
+    if (op_ == "engine") {
+      engine_ = std::make_unique<flexpar::engine>(comm);
+      sync_ = std::make_unique<flexpar::gradient_sync>(
+          *engine_, flexpar::gradient_sync_options{.reduction = flexpar::gradient_reduction::sum});
+      sync_->register_parameter("w", std::span(weights_), std::span(data_));
+    }
+    if (op_ == "relaxation") {
+      relax_ = std::make_unique<flexpar::relax::decentralized>(comm, flexpar::relax::peer_selection::ring);
+      relax_->start(params());
+    }
+  }
+  /// Drops what was built (after a failure).
+  void reset() {
+    sync_.reset();
+    engine_.reset();
+    relax_.reset();
+  }
+
+  /// One operation; true when its result is the exact one expected on comm's ranks.
+  bool run() {
+    const int p = comm_->size();
+    std::fill(data_.begin(), data_.end(), 1.0f);
+    if (op_ == "allgather") {
+      flexpar::allgather(*comm_, std::span(data_), flexpar::algorithm::shared_memory);
+      return true;
+    }
+    if (op_ == "engine") {
+      sync_->on_gradient_ready("w");
+      return sync_->synchronize() && data_.back() == static_cast<float>(p);
+    }
+    if (op_ == "relaxation") {
+      std::fill(grads_.begin(), grads_.end(), 0.0f);  // weights stay 1 everywhere: the average is 1
+      relax_->step(params(), sgd_);
+      return weights_.back() == 1.0f;
+    }
+    const auto algo = op_ == "ring" || op_ == "stopped" ? flexpar::algorithm::ring : flexpar::algorithm::shared_memory;
+    flexpar::allreduce(*comm_, std::span(data_), flexpar::reduce_op::sum, algo);
+    return data_.back() == static_cast<float>(p);
+  }
+
+ private:
+  std::vector<flexpar::relax::parameter> params() { return {{"w", std::span(weights_), std::span(grads_)}}; }
+
+  std::string op_;
+  flexpar::communicator* comm_ = nullptr;
+  std::vector<float> data_, weights_, grads_;
+  std::unique_ptr<flexpar::engine> engine_;
+  std::unique_ptr<flexpar::gradient_sync> sync_;
+  std::unique_ptr<flexpar::relax::decentralized> relax_;
+  flexpar::relax::sgd sgd_{{.learning_rate = 0.1f}};
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   const std::string op = argc > 1 ? argv[1] : "allreduce_small";
-  if (op != "allreduce_small" && op != "allreduce_large" && op != "allgather") {
+  const bool shrink = argc > 2 && std::string(argv[2]) == "shrink";
+  const std::vector<std::string> ops{"allreduce_small", "allreduce_large", "allgather", "ring",
+                                     "engine",          "relaxation",      "stopped"};
+  if (std::find(ops.begin(), ops.end(), op) == ops.end()) {
     std::fprintf(stderr, "test_dead_peer_mpi: unknown operation '%s'\n", op.c_str());
     return 2;
   }
-  auto comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
+  auto comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD, flexpar::config::from_environment(),
+                                              flexpar::thread_need::multiple);
   const int rank = comm.rank(), size = comm.size(), victim = size - 1;
-  const std::size_t n = op == "allreduce_large" ? std::size_t{3} << 20 : std::size_t{3} * 1024;
-  std::vector<float> data(n, 1.0f);
-  run(comm, op, data);  // every rank: the channel, the segment, one round
-  if (op != "allgather" && data[n - 1] != static_cast<float>(size)) {
-    std::printf("rank %d: the first allreduce gave %g, not %d\n", rank, static_cast<double>(data[n - 1]), size);
+  std::vector<long long> pids(static_cast<std::size_t>(size));
+  const long long my_pid = ::getpid();
+  MPI_Allgather(&my_pid, 1, MPI_LONG_LONG, pids.data(), 1, MPI_LONG_LONG, MPI_COMM_WORLD);
+  workload work(op, op == "allreduce_large" ? std::size_t{3} << 20 : std::size_t{3} * 1024);
+  work.build(comm);
+  if (!work.run()) {  // every rank: the channels, the segment, one round
+    std::printf("rank %d: the first %s gave a wrong result\n", rank, op.c_str());
     return 1;
   }
   std::fflush(stdout);
-  if (rank == victim) std::raise(SIGKILL);
-  const auto start = std::chrono::steady_clock::now();
+  if (rank == victim) ::raise(op == "stopped" ? SIGSTOP : SIGKILL);
+  auto start = std::chrono::steady_clock::now();
   int status = 1;
   try {
-    run(comm, op, data);
-    std::printf("survivor %d: FAILED: %s returned although rank %d was killed\n", rank, op.c_str(), victim);
+    work.run();
+    std::printf("survivor %d: FAILED: %s returned although rank %d failed\n", rank, op.c_str(), victim);
   } catch (const flexpar::peer_failure& e) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s = seconds(std::chrono::steady_clock::now() - start).count();
     const std::string text = e.what();
-    const bool names_it = text.find("rank " + std::to_string(victim) + " ") != std::string::npos &&
-                          text.find("has exited") != std::string::npos;
+    // The victim, and no other rank, is named failed.
+    const bool names_it = text.find("rank " + std::to_string(victim) + " failed") != std::string::npos ||
+                          text.find("rank " + std::to_string(victim) + " publishing") != std::string::npos;
+    bool names_other = false;
+    for (int r = 0; r < size; ++r)
+      if (r != victim && text.find("rank " + std::to_string(r) + " failed") != std::string::npos) names_other = true;
     std::printf("survivor %d: peer_failure after %.3f s: %s\n", rank, s, text.c_str());
-    status = names_it ? 0 : 1;
+    status = names_it && !names_other ? 0 : 1;
   } catch (const std::exception& e) {
     std::printf("survivor %d: FAILED: not a peer_failure: %s\n", rank, e.what());
   }
   std::fflush(stdout);
+  if (shrink && status == 0) {
+    try {
+      start = std::chrono::steady_clock::now();
+      // [snippet:shrink]
+      work.reset();  // what was built on the old communicator goes first: engine, gradient_sync, relaxation
+      flexpar::communicator survivors = comm.shrink();  // collective over the survivors: agree, then a new group
+      const double shrunk = seconds(std::chrono::steady_clock::now() - start).count();
+      const auto rebuilding = std::chrono::steady_clock::now();
+      work.build(survivors);  // the same objects on the survivors: a new engine + gradient_sync, or relaxation
+      // [/snippet:shrink]
+      const double rebuilt = seconds(std::chrono::steady_clock::now() - rebuilding).count();
+      const bool ok = survivors.size() == size - 1 && work.run() && work.run();
+      std::printf("survivor %d: shrunk to %d ranks in %.3f s, rebuilt in %.3f s; %s on them: %s\n", rank,
+                  survivors.size(), shrunk, rebuilt, op.c_str(), ok ? "ok" : "FAILED: wrong result");
+      status = ok ? 0 : 1;
+      work.reset();
+    } catch (const std::exception& e) {
+      std::printf("survivor %d: FAILED: shrink: %s\n", rank, e.what());
+      status = 1;
+    }
+    std::fflush(stdout);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the other survivor reports first
+  if (op == "stopped" && rank == 0) ::kill(static_cast<pid_t>(pids[static_cast<std::size_t>(victim)]), SIGKILL);
   ::_exit(status);
 }
