@@ -260,7 +260,7 @@ void liveness_monitor::receive() noexcept {
       continue;
     const int sender = static_cast<int>(h.sender);
     std::vector<std::uint32_t> failures(2 * std::size_t{h.count});
-    std::memcpy(failures.data(), buffer.data() + sizeof h, 8 * std::size_t{h.count});
+    if (h.count != 0) std::memcpy(failures.data(), buffer.data() + sizeof h, 8 * std::size_t{h.count});
     {
       const std::lock_guard lock(mutex_);
       peer& p = peers_[static_cast<std::size_t>(sender)];

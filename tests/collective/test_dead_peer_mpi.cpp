@@ -20,6 +20,7 @@
 #include <mpi.h>
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -127,7 +128,20 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::fflush(stdout);
-  if (rank == victim) ::raise(op == "stopped" ? SIGSTOP : SIGKILL);
+  if (rank == victim && op == "stopped") {
+    // A stopped rank ends only when someone kills it: survivor 0 does once it has reported; this
+    // child does after 20 s if no survivor got that far (it dies with its parent otherwise).
+    if (::fork() == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() == static_cast<pid_t>(my_pid)) {
+        ::sleep(20);
+        ::kill(static_cast<pid_t>(my_pid), SIGKILL);
+      }
+      ::_exit(0);
+    }
+    ::raise(SIGSTOP);
+  }
+  if (rank == victim) ::raise(SIGKILL);
   auto start = std::chrono::steady_clock::now();
   int status = 1;
   try {
