@@ -72,7 +72,8 @@ class liveness_monitor {
   [[nodiscard]] int failure_count() const noexcept { return failures_.load(std::memory_order_acquire); }
   /// True once `r` is failed (I am failed when a peer told me so).
   [[nodiscard]] bool failed(int r) const;
-  /// "its process (pid 1234 on this host) has exited 0.20 s ago" — why `r` is failed; empty if it is not.
+  /// Why `r` is failed ("its process (pid 1234 on this host) has exited", "no heartbeat for 2 s (...)",
+  /// "its heartbeats stopped (seen by rank 1)"); empty if it is not.
   [[nodiscard]] std::string reason(int r) const;
   /// Marks `r` failed for `why` (as the thread does; e.g. a transport that saw its peer's endpoint fail).
   void declare_failed(int r, cause why, const std::string& detail);
