@@ -56,7 +56,7 @@ constexpr std::size_t shared_memory_section_bytes(int p) noexcept {
 /// What an exchange through the segment states about itself, for the ranks' agreement on the call
 /// (beside its name and rounds): its elements, dtype and reduce op where it has them.
 struct call_facts {
-  std::uint64_t count = 0;  ///< elements of the whole exchange (0: not stated)
+  std::uint64_t count = 0;      ///< elements of the whole exchange (0: not stated)
   std::optional<dtype> type;    ///< element type (nullopt: not stated)
   std::optional<reduce_op> op;  ///< reduce op (nullopt: not stated, or none)
 };
