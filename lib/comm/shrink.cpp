@@ -75,7 +75,7 @@ class agreement {
       if (!decided_) {
         const int c = coordinator();
         if (c == me_) {
-          if (all_alive([&](int q) { return got_proposal_[static_cast<std::size_t>(q)]; })) {
+          if (all_others_outside(failed_, [&](int q) { return got_proposal_[static_cast<std::size_t>(q)]; })) {
             decide(failed_);
             progressed = true;
           }
@@ -91,7 +91,7 @@ class agreement {
             throw error_on<peer_failure>(me_, "communicator::shrink", "rank ", q,
                                          " failed before it confirmed the agreement (", view_.failures_text(),
                                          "); call shrink() again");
-        if (all_survivors([&](int q) { return confirmed_[static_cast<std::size_t>(q)]; })) break;
+        if (all_others_outside(decision_, [&](int q) { return confirmed_[static_cast<std::size_t>(q)]; })) break;
       }
       if (clock::now() >= until_)
         throw error_on<timeout_error>(
@@ -122,16 +122,11 @@ class agreement {
       if (!failed_[static_cast<std::size_t>(r)]) return r;
     return me_;
   }
+  /// True when pred(q) holds for every other rank q that `gone` does not mark.
   template <class Pred>
-  [[nodiscard]] bool all_alive(Pred pred) const {
+  [[nodiscard]] bool all_others_outside(const std::vector<bool>& gone, Pred pred) const {
     for (int q = 0; q < p_; ++q)
-      if (q != me_ && !failed_[static_cast<std::size_t>(q)] && !pred(q)) return false;
-    return true;
-  }
-  template <class Pred>
-  [[nodiscard]] bool all_survivors(Pred pred) const {
-    for (int q = 0; q < p_; ++q)
-      if (q != me_ && !decision_[static_cast<std::size_t>(q)] && !pred(q)) return false;
+      if (q != me_ && !gone[static_cast<std::size_t>(q)] && !pred(q)) return false;
     return true;
   }
   [[nodiscard]] std::vector<int> silent() const {

@@ -172,22 +172,21 @@ std::string liveness_monitor::reason(int r) const {
   const std::lock_guard lock(mutex_);
   const peer& p = peers_.at(static_cast<std::size_t>(r));
   if (!p.failed) return {};
-  if (p.why == cause::reported)
+  if (p.reporter != rank_)
     return (p.detail.empty() ? std::string("declared failed") : p.detail) + " (seen by rank " +
            std::to_string(p.reporter) + (r == rank_ ? "; this rank was silent too long for it)" : ")");
   return p.detail;
 }
 
 void liveness_monitor::declare_failed(int r, cause why, const std::string& detail) {
-  mark_failed(r, why, detail, rank_, why);
+  mark_failed(r, why, detail, rank_);
 }
 
-void liveness_monitor::mark_failed(int r, cause why, std::string detail, int reporter, cause origin) {
+void liveness_monitor::mark_failed(int r, cause origin, std::string detail, int reporter) {
   const std::lock_guard lock(mutex_);
   peer& p = peers_.at(static_cast<std::size_t>(r));
   if (p.failed) return;
   p.failed = true;
-  p.why = why;
   p.detail = std::move(detail);
   p.reporter = reporter;
   p.origin = origin;
@@ -273,8 +272,7 @@ void liveness_monitor::receive() noexcept {
       if (r >= peers_.size()) continue;
       const auto why = static_cast<cause>(failures[k + 1]);
       const bool known = why == cause::exited || why == cause::silent;
-      mark_failed(static_cast<int>(r), cause::reported, known ? cause_text(why) : std::string(), sender,
-                  known ? why : cause::reported);
+      mark_failed(static_cast<int>(r), known ? why : cause::reported, known ? cause_text(why) : std::string(), sender);
     }
   }
 }
@@ -297,14 +295,14 @@ void liveness_monitor::check(clock::time_point now) noexcept {
     try {
       if (same_host && process_gone(pid)) {
         mark_failed(static_cast<int>(r), cause::exited,
-                    "its process (pid " + std::to_string(pid) + " on this host) has exited", rank_, cause::exited);
+                    "its process (pid " + std::to_string(pid) + " on this host) has exited", rank_);
       } else if (now - last > limit) {
         mark_failed(static_cast<int>(r), cause::silent,
                     "no heartbeat for " + seconds_text(now - last) + " (" + std::to_string(misses_) + " beats of " +
                         std::to_string(interval_.count()) +
                         " ms missed: the process is stopped, or its host or "
                         "link is down)",
-                    rank_, cause::silent);
+                    rank_);
       }
     } catch (...) {  // a string that cannot be made: try again next tick
     }
@@ -328,9 +326,9 @@ bool liveness_view::check_blocks(const request_info& info) const {
   return std::any_of(members_.begin(), members_.end(), [&](int m) { return monitor_->failed(m); });
 }
 
-std::string liveness_view::failures_text() const {
+std::string liveness_view::failures_text(const std::vector<int>& ranks) const {
   std::string text;
-  for (int r : failed()) {
+  for (int r : ranks) {
     if (!text.empty()) text += "; ";
     text += "rank " + std::to_string(r) + " failed: " + monitor_->reason(member(r));
   }
@@ -340,7 +338,7 @@ std::string liveness_view::failures_text() const {
 void liveness_view::throw_failure(const request_info& info) const {
   const std::vector<int> ranks = failed();
   throw peer_failure(describe(info) + " cannot complete: " + (ranks.size() == 1 ? "" : rank_set(ranks) + " failed: ") +
-                     failures_text());
+                     failures_text(ranks));
 }
 
 std::shared_ptr<liveness_view> start_watching(transport& t, const config& cfg) {

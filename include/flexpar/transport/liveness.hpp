@@ -87,10 +87,9 @@ class liveness_monitor {
     bool same_host = false;  // same kernel: its pid can be checked here
     clock::time_point last_seen{};
     bool failed = false;
-    bool left = false;  // said goodbye: not a failure
-    cause why = cause::silent;
+    bool left = false;             // said goodbye: not a failure
     cause origin = cause::silent;  // why the rank that saw it first failed it (what beats carry)
-    int reporter = -1;
+    int reporter = -1;             // who told this monitor (itself: it saw it first)
     std::string detail;
   };
   liveness_monitor(int rank, int fd, std::chrono::milliseconds interval, int misses);
@@ -98,7 +97,7 @@ class liveness_monitor {
   void beat(bool goodbye) noexcept;
   void receive() noexcept;
   void check(clock::time_point now) noexcept;
-  void mark_failed(int r, cause why, std::string detail, int reporter, cause origin);
+  void mark_failed(int r, cause origin, std::string detail, int reporter);
 
   int rank_;
   int fd_;
@@ -138,9 +137,10 @@ class liveness_view {
   /// The monitor, for the views of groups split from this one.
   [[nodiscard]] const std::shared_ptr<liveness_monitor>& monitor() const noexcept { return monitor_; }
   /// "rank 2 failed: ...; rank 3 failed: ..." for the group's failed ranks (empty: none).
-  [[nodiscard]] std::string failures_text() const;
+  [[nodiscard]] std::string failures_text() const { return failures_text(failed()); }
 
  private:
+  std::string failures_text(const std::vector<int>& ranks) const;
   bool check_blocks(const request_info& info) const;
 
   std::shared_ptr<liveness_monitor> monitor_;
