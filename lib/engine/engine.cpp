@@ -20,6 +20,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "../comm/thread_level.hpp"
 #include "coordinator.hpp"
 #include "entry.hpp"
 #include "fused_executor.hpp"
@@ -544,15 +545,7 @@ engine::engine(communicator& comm, std::optional<config> cfg, log_sink log, devi
     throw error_on<usage_error>(comm.rank(), "engine",
                                 "made after MPI_Finalize shut its communicator down (destroy flexpar's objects before "
                                 "calling MPI_Finalize)");
-  if (comm.mpi_comm() != MPI_COMM_NULL && comm.transport().kind() == transport_kind::mpi) {
-    int provided = MPI_THREAD_SINGLE;
-    FLEXPAR_CHECK_MPI(MPI_Query_thread(&provided));
-    if (provided < MPI_THREAD_MULTIPLE)
-      throw usage_error(
-          "engine: its background thread calls MPI while your threads may too, so it needs "
-          "MPI_THREAD_MULTIPLE; initialize MPI with MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, "
-          "&provided) (or use FLEXPAR_TRANSPORT=ucx)");
-  }
+  detail::require_thread_multiple(comm, "engine", "its background thread", "use FLEXPAR_TRANSPORT=ucx");
   core_ = std::make_unique<detail::engine_core>(comm, cfg ? *cfg : comm.settings(), std::move(log), device);
 }
 

@@ -1,0 +1,204 @@
+// Scenarios of the sharded data parallelism tests, written against a communicator so that the
+// in-process tests (threads as ranks) and the mpiexec tests run the same code.
+//
+// The oracle is a serial data-parallel computation of the same logical result: the full weights, the
+// sum over every rank's gradients (values that are small multiples of 1/8, so any order of the sum is
+// exact), scaled by the same float, and the same optimizer rule applied to the full vector. The rules
+// are elementwise, so sharding changes nothing: every gathered weight, every parameter after every
+// step and the gathered optimizer state must equal the oracle's exactly (EXPECT_EQ on floats).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <flexpar/relax/optimizer.hpp>
+#include <flexpar/sbp/layout.hpp>
+#include <flexpar/zero/sharded_data_parallel.hpp>
+
+namespace flexpar::testing_support {
+
+/// Parameter sizes: uneven, a single value, an empty one, one larger than the small buckets.
+inline const std::vector<std::size_t>& zero_sizes() {
+  static const std::vector<std::size_t> sizes{7, 1, 13, 0, 5, 33, 2, 9};
+  return sizes;
+}
+
+inline std::string zero_name(std::size_t i) { return "layer" + std::to_string(i / 2) + (i % 2 ? ".bias" : ".weight"); }
+
+/// Initial weight j of parameter i (the same on every rank).
+inline float zero_init(std::size_t i, std::size_t j) {
+  return static_cast<float>(static_cast<int>((i * 7 + j * 3) % 11) - 5) * 0.125f;
+}
+
+/// Rank r's gradient value j of parameter i at step t, pass s: a multiple of 1/8 in [-1, 1].
+inline float zero_grad(int r, int t, int s, std::size_t i, std::size_t j) {
+  const auto v = static_cast<int>((static_cast<std::size_t>(r + 1) * (j + 3) + static_cast<std::size_t>(t) * (i + 1) +
+                                   static_cast<std::size_t>(s) * 5) %
+                                  17);
+  return static_cast<float>(v - 8) * 0.125f;
+}
+
+/// The optimizers the scenarios run, built twice (one for the sharded model, one for the oracle).
+inline std::unique_ptr<relax::optimizer> zero_optimizer(bool use_adam) {
+  if (use_adam) return std::make_unique<relax::adam>(relax::adam_options{.learning_rate = 0.01f});
+  return std::make_unique<relax::sgd>(relax::sgd_options{.learning_rate = 0.25f, .momentum = 0.5f});
+}
+
+/// The serial data-parallel run: one flat parameter per registered one, the sum over ranks.
+struct zero_oracle {
+  std::vector<std::vector<float>> w;
+  std::unique_ptr<relax::optimizer> opt;
+  explicit zero_oracle(bool use_adam) : opt(zero_optimizer(use_adam)) {
+    for (std::size_t i = 0; i < zero_sizes().size(); ++i) {
+      w.emplace_back(zero_sizes()[i]);
+      for (std::size_t j = 0; j < w[i].size(); ++j) w[i][j] = zero_init(i, j);
+    }
+  }
+  void step(int ranks, int t, int passes, bool average, const std::vector<bool>& skipped) {
+    const float scale = average ? 1.0f / static_cast<float>(ranks * passes) : 1.0f;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      std::vector<float> g(w[i].size(), 0.0f);
+      for (int s = 0; s < passes; ++s) {
+        if (skipped[i]) continue;
+        std::vector<float> pass(w[i].size(), 0.0f);
+        for (int r = 0; r < ranks; ++r)
+          for (std::size_t j = 0; j < g.size(); ++j) pass[j] += zero_grad(r, t, s, i, j);
+        for (std::size_t j = 0; j < g.size(); ++j) g[j] += pass[j];
+      }
+      for (float& x : g) x *= scale;
+      opt->apply(i, w[i], g);
+    }
+  }
+};
+
+struct zero_case {
+  zero::options options;
+  bool adam = false;
+  int steps = 3;
+  /// Every third parameter's gradient is never asked for (an unused parameter: step() reduces zeros).
+  bool skip_some = false;
+};
+
+/// Runs `c` on a placement of `mesh` over comm and compares with the oracle after every gather and
+/// every step. The optimizer's index is the bucket's, so the oracle (one index per parameter) runs
+/// Adam with per-parameter step counts that equal the per-bucket ones (one apply per step).
+template <std::size_t N>
+void zero_matches_data_parallel(communicator& comm, std::array<int, N> mesh_shape, const zero_case& c) {
+  sbp::placement<N> mesh(comm, mesh_shape);
+  zero::sharded_data_parallel<N> model(mesh, c.options);
+  const auto& sizes = zero_sizes();
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    model.add(zero_name(i), sizes[i], [i](std::size_t first, std::span<float> values) {
+      for (std::size_t j = 0; j < values.size(); ++j) values[j] = zero_init(i, first + j);
+    });
+  model.start();
+  zero_oracle oracle(c.adam);
+  auto opt = zero_optimizer(c.adam);
+  std::vector<bool> skipped(sizes.size(), false);
+  if (c.skip_some)
+    for (std::size_t i = 0; i < sizes.size(); i += 3) skipped[i] = true;
+  const int passes = c.options.backward_passes_per_step;
+  for (int t = 0; t < c.steps; ++t) {
+    for (int s = 0; s < passes; ++s) {
+      // forward: views of two parameters alive at once (a layer's weight and bias), in order
+      for (std::size_t i = 0; i < sizes.size(); i += 2) {
+        auto w = model.gather(zero_name(i));
+        ASSERT_TRUE(std::equal(w.values().begin(), w.values().end(), oracle.w[i].begin(), oracle.w[i].end()))
+            << "forward gather of " << zero_name(i) << " at step " << t << " pass " << s;
+        if (i + 1 < sizes.size()) {
+          auto b = model.gather(zero_name(i + 1));
+          ASSERT_TRUE(std::equal(b.values().begin(), b.values().end(), oracle.w[i + 1].begin(), oracle.w[i + 1].end()))
+              << "forward gather of " << zero_name(i + 1) << " at step " << t;
+        }
+      }
+      // backward: reverse order, weights gathered again, gradients marked ready as produced
+      for (std::size_t i = sizes.size(); i-- > 0;) {
+        if (i % 2 == 0) {
+          auto w = model.gather(zero_name(i));
+          ASSERT_TRUE(std::equal(w.values().begin(), w.values().end(), oracle.w[i].begin(), oracle.w[i].end()))
+              << "backward gather of " << zero_name(i) << " at step " << t;
+        }
+        if (skipped[i]) continue;
+        std::span<float> g = model.gradient(zero_name(i));
+        ASSERT_EQ(g.size(), sizes[i]);
+        for (std::size_t j = 0; j < g.size(); ++j) g[j] = zero_grad(comm.rank(), t, s, i, j);
+        model.gradient_ready(zero_name(i));
+      }
+      EXPECT_EQ(model.step(*opt), s + 1 == passes) << "pass " << s;
+    }
+    oracle.step(comm.size(), t, passes, c.options.average, skipped);
+  }
+  const auto full = model.full_parameters();
+  ASSERT_EQ(full.size(), sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(full[i].first, zero_name(i));
+    EXPECT_EQ(full[i].second, oracle.w[i]) << zero_name(i) << " after " << c.steps << " steps";
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    // the bucket's state as the oracle's per-parameter state (the same floats, sliced)
+    const auto sharded = model.full_optimizer_state(*opt, zero_name(i));
+    const auto mine = oracle.opt->state(i, sizes[i]);
+    std::size_t floats = 0;
+    for (const auto& s : mine)
+      if (s.counters.empty()) {
+        ASSERT_LT(floats, sharded.size());
+        EXPECT_EQ(sharded[floats].first, s.name);
+        EXPECT_TRUE(
+            std::equal(s.floats.begin(), s.floats.end(), sharded[floats].second.begin(), sharded[floats].second.end()))
+            << s.name << " of " << zero_name(i);
+        ++floats;
+      }
+    EXPECT_EQ(floats, sharded.size());
+  }
+}
+
+/// Memory by the library's accounting after a step: shards only where the stage shards them.
+inline void zero_memory_accounting(communicator& comm, int stage) {
+  sbp::placement<1> mesh(comm, {comm.size()});
+  // on the calling thread, so that what is held at once does not depend on the thread's timing
+  zero::sharded_data_parallel<1> model(mesh, {.stage = stage, .bucket_bytes = 64 * sizeof(float), .overlap = false});
+  const std::size_t n = 60;  // four parameters of 60: four buckets of 60
+  const std::array<std::string, 4> names{"p0", "p1", "p2", "p3"};
+  for (int i = 0; i < 4; ++i)
+    model.add(names[static_cast<std::size_t>(i)], n,
+              [](std::size_t, std::span<float> v) { std::fill(v.begin(), v.end(), 1.0f); });
+  model.start();
+  ASSERT_EQ(model.buckets(), 4u);
+  relax::adam opt;
+  for (int i = 0; i < 4; ++i) {
+    auto w = model.gather(names[static_cast<std::size_t>(i)]);
+  }
+  for (int i = 4; i-- > 0;) {
+    auto g = model.gradient(names[static_cast<std::size_t>(i)]);
+    std::fill(g.begin(), g.end(), 1.0f);
+    model.gradient_ready(names[static_cast<std::size_t>(i)]);
+  }
+  ASSERT_TRUE(model.step(opt));
+  const zero::memory_report m = model.memory();
+  std::size_t shard = 0;  // this rank's shard of the four buckets, in bytes
+  for (int b = 0; b < 4; ++b) shard += sbp::balanced_part(n, comm.size(), comm.rank()).count * sizeof(float);
+  const std::size_t full = 4 * n * sizeof(float);
+  EXPECT_EQ(m.data_parallel_bytes, 2 * full + 2 * full + 4 * sizeof(std::int64_t));  // w, g, Adam m and v, t
+  EXPECT_EQ(m.optimizer_bytes, 2 * shard + 4 * sizeof(std::int64_t));
+  if (stage == 3) {
+    EXPECT_EQ(m.parameter_bytes, shard);  // the full buckets are freed at step()
+    EXPECT_LE(m.peak_parameter_bytes, shard + 3 * n * sizeof(float))
+        << "more than the used, the viewed and one prefetched bucket were held at once";
+  } else {
+    EXPECT_GE(m.parameter_bytes, shard + full);  // full parameters kept (the next gathers may be in flight)
+  }
+  if (stage == 1) {
+    EXPECT_EQ(m.gradient_bytes, shard + full);  // full gradients kept for the step
+  } else {
+    EXPECT_EQ(m.gradient_bytes, shard);
+    EXPECT_LE(m.peak_gradient_bytes, shard + 2 * n * sizeof(float));
+  }
+}
+
+}  // namespace flexpar::testing_support
