@@ -46,6 +46,7 @@
 
 #include "support/fashion_mnist.hpp"
 #include "support/mlp.hpp"
+#include "support/scheduled_optimizer.hpp"
 #include "support/training_cli.hpp"
 
 #ifdef FLEXPAR_SAMPLE_OPENBLAS
@@ -84,26 +85,6 @@ std::uint64_t digest(const std::vector<float>& weights) {
 struct position {
   std::int64_t epoch = 1;
   std::int64_t examples = 0;
-};
-
-/// Scales the gradient by a learning-rate factor before the wrapped optimizer sees it. With SGD and
-/// momentum this is the schedule applied inside the momentum buffer (b = mu b + s g; w -= lr b),
-/// which for a smooth schedule such as the cosine one here behaves like scaling lr itself.
-class scheduled_optimizer final : public flexpar::relax::optimizer {
- public:
-  explicit scheduled_optimizer(flexpar::relax::optimizer& inner) : inner_(inner) {}
-  void set_factor(float f) noexcept { factor_ = f; }
-  void apply(std::size_t index, std::span<float> weight, std::span<const float> gradient) override {
-    if (factor_ == 1.0f) return inner_.apply(index, weight, gradient);
-    scratch_.resize(gradient.size());
-    for (std::size_t i = 0; i < gradient.size(); ++i) scratch_[i] = gradient[i] * factor_;
-    inner_.apply(index, weight, scratch_);
-  }
-
- private:
-  flexpar::relax::optimizer& inner_;
-  float factor_ = 1.0f;
-  std::vector<float> scratch_;
 };
 
 /// Sum over ranks of (loss, correct, examples).
@@ -164,7 +145,7 @@ int train(const settings& opt) {
   else
     base = std::make_unique<flexpar::relax::adam>(
         flexpar::relax::adam_options{.learning_rate = opt.lr, .epsilon = opt.adam_epsilon});
-  scheduled_optimizer optimizer(*base);
+  fm::scheduled_optimizer optimizer(*base);
 
   flexpar::relax::options ropt;
   ropt.interval = opt.interval;
