@@ -12,13 +12,9 @@ comm_queue::~comm_queue() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
-    for (item& it : queue_) {
-      it.done->done = true;  // dropped: nobody waits on a destroyed queue's tickets
-    }
-    queue_.clear();
   }
   changed_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (thread_.joinable()) thread_.join();  // runs what is queued (or fails it fast after a failure)
 }
 
 void comm_queue::run_one(std::function<void()>& task, const ticket& t) {
@@ -81,7 +77,7 @@ void comm_queue::loop() {
     {
       std::unique_lock lock(mutex_);
       changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping
+      if (queue_.empty()) return;  // stopping, and every task has run
       it = std::move(queue_.front());
       queue_.pop_front();
     }

@@ -4,9 +4,10 @@
 // Every rank submits the same boxings in the same order (the model's order), so running them FIFO on
 // one thread keeps the collectives matched without any negotiation, as a CUDA stream keeps kernels in
 // order. A task that throws fails every task queued after it with its text (they would otherwise
-// start collectives that the failed one's peers are not in); the destructor drops the tasks that have
-// not started and joins the one running (which ends when its collective does, or at its deadline, or
-// when a peer is found dead).
+// start collectives that the failed one's peers are not in). The destructor runs the tasks still
+// queued before it joins: every rank queued the same ones, so dropping them could leave a peer in a
+// collective that this rank never joins (after a failure they fail fast instead; a collective ends
+// at its deadline or when a peer is found dead).
 #pragma once
 
 #include <condition_variable>

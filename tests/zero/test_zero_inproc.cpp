@@ -81,6 +81,11 @@ TEST_P(zero_inproc, memory_accounting) {
   }
 }
 
+TEST_P(zero_inproc, destroyed_with_gathers_queued) {
+  run_in_process(
+      GetParam(), [](communicator& comm) { testing_support::zero_destroyed_with_gathers_queued(comm); }, test_config());
+}
+
 INSTANTIATE_TEST_SUITE_P(ranks, zero_inproc, ::testing::Values(1, 2, 3, 4, 5),
                          [](const auto& info) { return "np" + std::to_string(info.param); });
 

@@ -47,6 +47,8 @@ TEST_F(zero_mpi, hybrid_mesh) {
   testing_support::zero_matches_data_parallel<2>(world(), {nodes, p / nodes}, c);
 }
 
+TEST_F(zero_mpi, destroyed_with_gathers_queued) { testing_support::zero_destroyed_with_gathers_queued(world()); }
+
 TEST_F(zero_mpi, memory_accounting) {
   for (int stage : {1, 2, 3}) testing_support::zero_memory_accounting(world(), stage);
 }

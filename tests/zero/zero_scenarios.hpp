@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <flexpar/collective.hpp>
 #include <flexpar/relax/optimizer.hpp>
 #include <flexpar/sbp/layout.hpp>
 #include <flexpar/zero/sharded_data_parallel.hpp>
@@ -199,6 +200,25 @@ inline void zero_memory_accounting(communicator& comm, int stage) {
     EXPECT_EQ(m.gradient_bytes, shard);
     EXPECT_LE(m.peak_gradient_bytes, shard + 2 * n * sizeof(float));
   }
+}
+
+/// A model destroyed right after step(), while the gathers step() started may still be queued on its
+/// thread: every rank must run them all (a rank that dropped the ones it had not started left its
+/// peers in a gather it never joined). Many times, each followed by a collective on the model's
+/// communicator's parent: a hang is a deadline's error.
+inline void zero_destroyed_with_gathers_queued(communicator& comm) {
+  for (int round = 0; round < 20; ++round) {
+    sbp::placement<1> mesh(comm, {comm.size()});
+    zero::sharded_data_parallel<1> model(mesh, {.stage = 1 + round % 2, .bucket_bytes = 256 * sizeof(float)});
+    for (const char* name : {"a", "b", "c", "d", "e"})
+      model.add(name, 250, [](std::size_t, std::span<float> v) { std::fill(v.begin(), v.end(), 1.0f); });
+    model.start();
+    relax::sgd opt;
+    ASSERT_TRUE(model.step(opt));
+  }
+  std::vector<int> one{1};
+  allreduce(comm, std::span<int>(one), reduce_op::sum);
+  EXPECT_EQ(one[0], comm.size());
 }
 
 }  // namespace flexpar::testing_support
