@@ -59,6 +59,19 @@ float compute(std::span<const float> w, int work) {
   return acc;
 }
 
+/// `iters` calls of `step`, each after a barrier: this rank's milliseconds.
+template <class Step>
+std::vector<double> timed(int iters, Step&& step) {
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return ms;
+}
+
 struct row {
   std::string name;
   double step_ms = 0, held = 0, peak = 0, rss = 0, sent = 0;
@@ -118,13 +131,7 @@ int main(int argc, char** argv) {
       };
       for (int i = 0; i < warmup; ++i) step();
       const std::uint64_t before = dp->traffic_so_far().bytes_sent;
-      std::vector<double> ms;
-      for (int i = 0; i < iters; ++i) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        const auto t0 = std::chrono::steady_clock::now();
-        step();
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
+      const std::vector<double> ms = timed(iters, step);
       std::size_t state = 0;
       for (std::size_t l = 0; l < sizes.size(); ++l)
         for (const auto& s : opt.state(l, sizes[l])) state += s.floats.size_bytes() + s.counters.size_bytes();
@@ -170,13 +177,7 @@ int main(int argc, char** argv) {
       };
       for (int i = 0; i < warmup; ++i) step();
       const std::uint64_t before = model.traffic().wire_bytes;
-      std::vector<double> ms;
-      for (int i = 0; i < iters; ++i) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        const auto t0 = std::chrono::steady_clock::now();
-        step();
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
+      const std::vector<double> ms = timed(iters, step);
       const flexpar::zero::memory_report m = model.memory();
       rows.push_back({c.name, flexpar::bench::median_of_slowest(ms),
                       static_cast<double>(m.parameter_bytes + m.gradient_bytes + m.optimizer_bytes),

@@ -66,6 +66,7 @@ std::string parameter_name(std::size_t l, bool weight) {
 }
 
 /// The MLP's parameters as a sharded model holds them: gathered per layer, gradients per layer.
+// [snippet:zero_source]
 template <std::size_t N>
 class sharded_source final : public fm::parameter_source {
  public:
@@ -93,6 +94,7 @@ class sharded_source final : public fm::parameter_source {
   flexpar::zero::sharded_data_parallel<N>& model_;
   std::vector<std::optional<view>> weights_, biases_;
 };
+// [/snippet:zero_source]
 
 /// What one epoch or run measured, summed or reported on rank 0.
 fm::batch_result sum_over_ranks(const flexpar::communicator& comm, const fm::batch_result& r) {

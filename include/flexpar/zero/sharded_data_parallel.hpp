@@ -110,11 +110,11 @@ class sharded_data_parallel {
   /// A gathered parameter (B): its full values, valid while the view lives.
   class view {
    public:
-    view(view&& other) noexcept;
-    view& operator=(view&&) = delete;
-    view(const view&) = delete;
-    view& operator=(const view&) = delete;
-    ~view();
+    view(view&& other) noexcept;            ///< takes over `other`'s hold on the bucket
+    view& operator=(view&&) = delete;       ///< a view stays on one parameter
+    view(const view&) = delete;             ///< one hold per view
+    view& operator=(const view&) = delete;  ///< one hold per view
+    ~view();                                ///< releases the hold (stage 3 may then free the bucket)
     /// The parameter's full values.
     [[nodiscard]] std::span<const float> values() const noexcept { return values_; }
 
