@@ -1,5 +1,6 @@
 // bench/flexpar_zero_bench.cpp — a training step of a synthetic model with sharded data parallelism
-// (ZeRO-1/2/3, ZeRO-3 without prefetch and without the communication thread) next to data
+// (ZeRO-1/2/3, ZeRO-3 without prefetch, without the communication thread, with ZeRO++'s 8-bit weight
+// gathers (qwZ), gradient reductions (qgZ) and both) next to data
 // parallelism (the gradient_allreduce relaxation: one fused allreduce) measured in the same run.
 //
 // The model: `--size` bytes of f32 parameters in `--layers` tensors of uneven sizes, bucketed by
@@ -11,7 +12,8 @@
 // during one, peaks of parameters and gradients added), the peak RSS
 // of each configuration (VmHWM after resetting it, the largest over ranks) and the wire bytes per step.
 //
-//   mpiexec.mpich -n 4 build/bench/flexpar_zero_bench --size 64M --iters 10
+//   mpiexec.mpich -n 4 build/bench/flexpar_zero_bench --size 32M --iters 10
+//   scripts/fakehosts -n 2 -r 1gbit --done 'flexpar_zero_bench: done' -- build/bench/flexpar_zero_bench
 #include <mpi.h>
 #include <CLI/CLI.hpp>
 
@@ -146,15 +148,20 @@ int main(int argc, char** argv) {
       int stage;
       int prefetch;
       bool overlap;
+      bool qw = false, qg = false;  // ZeRO++ qwZ, qgZ
     };
     for (const config c : {config{"ZeRO-1", 1, 1, true}, config{"ZeRO-2", 2, 1, true}, config{"ZeRO-3", 3, 1, true},
-                           config{"ZeRO-3 no prefetch", 3, 0, true}, config{"ZeRO-3 no thread", 3, 0, false}}) {
+                           config{"ZeRO-3 no prefetch", 3, 0, true}, config{"ZeRO-3 no thread", 3, 0, false},
+                           config{"ZeRO-3 qwZ", 3, 1, true, true, false}, config{"ZeRO-3 qgZ", 3, 1, true, false, true},
+                           config{"ZeRO-3 qwZ+qgZ", 3, 1, true, true, true}}) {
       reset_peak_rss();
       flexpar::sbp::placement<1> mesh(comm, {comm.size()});
       flexpar::zero::sharded_data_parallel<1> model(mesh, {.stage = c.stage,
                                                            .bucket_bytes = flexpar::bench::parse_size(bucket_text),
                                                            .overlap = c.overlap,
-                                                           .prefetch = c.prefetch});
+                                                           .prefetch = c.prefetch,
+                                                           .quantize_weights = c.qw,
+                                                           .quantize_gradients = c.qg});
       for (std::size_t l = 0; l < sizes.size(); ++l)
         model.add(names[l], sizes[l], [](std::size_t, std::span<float> v) { std::fill(v.begin(), v.end(), 0.01f); });
       model.start();
@@ -195,6 +202,13 @@ int main(int argc, char** argv) {
         std::printf("%-20s %10.2f %8.2f %10.1f %8.3f %10.1f %8.3f %14.1f %14.1f\n", r.name.c_str(), r.step_ms,
                     r.step_ms / rows[0].step_ms, r.held / (1 << 20), r.held / rows[0].held, r.peak / (1 << 20),
                     r.peak / rows[0].peak, r.rss / (1 << 20), r.sent / (1 << 20));
+      const auto at = [&](const char* name) {
+        for (const row& r : rows)
+          if (r.name == name) return r.step_ms;
+        return 0.0;
+      };
+      std::printf("ZeRO-3 step / ZeRO-3 qwZ+qgZ step: %.2f\n", at("ZeRO-3") / at("ZeRO-3 qwZ+qgZ"));
+      std::printf("flexpar_zero_bench: done\n");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flexpar_zero_bench: rank %d: %s\n", rank, e.what());

@@ -4,6 +4,7 @@
 //
 //   mpiexec.mpich -n 4 build/samples/fashion_mnist_zero --zero 3 --epochs 2
 //   FLEXPAR_RANKS_PER_NODE=2 mpiexec.mpich -n 4 build/samples/fashion_mnist_zero --zero 3 --hybrid
+//   mpiexec.mpich -n 2 build/samples/fashion_mnist_zero --zero 3 --quantize both     # ZeRO++ qwZ + qgZ
 //
 // The passes read each layer's parameters through a parameter_source that gathers them (S(0) -> B)
 // just in time and marks each layer's gradients ready as backward makes them (their P -> S(0) starts
@@ -57,6 +58,7 @@ struct settings : fm::training_settings {
   double bucket_mb = 1;
   int prefetch = 1;
   bool no_overlap = false;
+  std::string quantize = "none";  // ZeRO++: weights (qwZ), gradients (qgZ), both, none
 };
 
 std::string parameter_name(std::size_t l, bool weight) {
@@ -157,10 +159,13 @@ int train(flexpar::communicator& comm, const settings& opt, std::array<int, Mesh
     data_parallel->start(params);
   } else {
     mesh.emplace(comm, mesh_shape);
-    sharded.emplace(*mesh, flexpar::zero::options{.stage = opt.zero,
-                                                  .bucket_bytes = static_cast<std::size_t>(opt.bucket_mb * (1 << 20)),
-                                                  .overlap = !opt.no_overlap,
-                                                  .prefetch = opt.prefetch});
+    sharded.emplace(
+        *mesh, flexpar::zero::options{.stage = opt.zero,
+                                      .bucket_bytes = static_cast<std::size_t>(opt.bucket_mb * (1 << 20)),
+                                      .overlap = !opt.no_overlap,
+                                      .prefetch = opt.prefetch,
+                                      .quantize_weights = opt.quantize == "weights" || opt.quantize == "both",
+                                      .quantize_gradients = opt.quantize == "gradients" || opt.quantize == "both"});
     for (std::size_t l = 0; l < model.layers(); ++l) {
       sharded->add(parameter_name(l, true), model.weight(l));
       sharded->add(parameter_name(l, false), model.bias(l));
@@ -273,9 +278,9 @@ int train(flexpar::communicator& comm, const settings& opt, std::array<int, Mesh
             static_cast<double>(m.data_parallel_bytes),
         m.data_parallel_bytes, usage.ru_maxrss);
     std::printf(
-        "summary zero=%d hybrid=%d ranks=%d epochs=%d step_ms=%.3f sent_per_step=%.0f test_accuracy=%.4f "
+        "summary zero=%d quantize=%s hybrid=%d ranks=%d epochs=%d step_ms=%.3f sent_per_step=%.0f test_accuracy=%.4f "
         "weights=%016llx\n",
-        opt.zero, Mesh == 2 ? 1 : 0, size, opt.epochs, fm::median(all_step_ms),
+        opt.zero, opt.quantize.c_str(), Mesh == 2 ? 1 : 0, size, opt.epochs, fm::median(all_step_ms),
         static_cast<double>(sent_so_far()) / static_cast<double>(std::max<std::size_t>(1, step_index)), accuracy,
         static_cast<unsigned long long>(digest(weights)));
   }
@@ -307,6 +312,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--bucket-mb", opt.bucket_mb, "bucket size (MiB of f32)")->capture_default_str();
   app.add_option("--prefetch", opt.prefetch, "buckets gathered ahead (stage 3)")->capture_default_str();
+  app.add_option("--quantize", opt.quantize, "ZeRO++ 8-bit communication: weights (qwZ), gradients (qgZ), both")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "weights", "gradients", "both"}));
   app.add_flag("--no-overlap", opt.no_overlap, "communicate on the training thread (no communication thread)");
   CLI11_PARSE(app, argc, argv);
   if (opt.optimizer == "adam" && opt.schedule == "cosine") opt.schedule = "constant";

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include <flexpar/compress/minmax_uint8.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/sbp/boxing.hpp>
 #include <flexpar/sbp/global_tensor.hpp>
@@ -79,6 +80,8 @@ struct sharded_data_parallel<MeshRank>::state {
   using shard_tensor = sbp::global_tensor<float, shard_sbp>;
   using full_tensor = sbp::global_tensor<float, full_sbp>;
   using gradient_tensor = sbp::global_tensor<float, gradient_sbp>;
+  /// After the quantized step within a node of a 2-D mesh: reduced within the node, partial across.
+  using node_reduced_tensor = sbp::global_tensor<float, sbp::sbp<sbp::partial_sum, sbp::split<0>>>;
 
   struct member {
     std::string name;
@@ -111,6 +114,7 @@ struct sharded_data_parallel<MeshRank>::state {
         parent(&ranks.parent()),
         comm(make_comm(ranks, o)),
         mesh(*comm, ranks.shape(), {}, std::make_shared<sbp::buffer_pool>(pool_bytes(o))),
+        codec{o.quantization_chunk},
         queue(o.overlap) {}
 
   static std::size_t pool_bytes(const options& o) { return o.bucket_bytes * static_cast<std::size_t>(o.prefetch + 4); }
@@ -123,6 +127,8 @@ struct sharded_data_parallel<MeshRank>::state {
     if (o.bucket_bytes < sizeof(float)) throw fail("bucket_bytes ", o.bucket_bytes, " holds no f32 value");
     if (o.prefetch < 0) throw fail("prefetch ", o.prefetch, " < 0");
     if (o.backward_passes_per_step < 1) throw fail("backward_passes_per_step ", o.backward_passes_per_step, " < 1");
+    if ((o.quantize_weights || o.quantize_gradients) && o.quantization_chunk == 0)
+      throw fail("quantization_chunk 0; a min-max chunk holds at least one value");
     if (static_cast<int>(ranks.ranks().size()) != parent.size())
       throw fail("the mesh ", ranks.describe(), " holds ", ranks.ranks().size(), " of the parent's ", parent.size(),
                  " ranks; every rank of the parent communicator must be in it");
@@ -310,12 +316,14 @@ struct sharded_data_parallel<MeshRank>::state {
     b.viewed = false;
     ++traffic.gathers;
     traffic.wire_bytes +=
-        static_cast<std::uint64_t>(sbp::boxing_cost<shard_sbp, full_sbp>({b.elements}, mesh).wire_bytes);
+        opts.quantize_weights
+            ? quantized_gather_bytes(b.elements)
+            : static_cast<std::uint64_t>(sbp::boxing_cost<shard_sbp, full_sbp>({b.elements}, mesh).wire_bytes);
     b.gathered = queue.submit([this, k] {
       bucket& c = buckets[k];
       parameters.add(full_bytes(c));
       std::optional<full_tensor> old = std::move(c.full);  // stages 1/2: the previous step's, freed below
-      c.full.emplace(sbp::to<full_sbp>(c.shard->clone()));
+      c.full.emplace(opts.quantize_weights ? gather_quantized(*c.shard) : sbp::to<full_sbp>(c.shard->clone()));
       if (old) {
         old.reset();
         parameters.sub(full_bytes(c));
@@ -402,7 +410,9 @@ struct sharded_data_parallel<MeshRank>::state {
     }
     ++traffic.reduce_scatters;
     traffic.wire_bytes +=
-        static_cast<std::uint64_t>(sbp::boxing_cost<gradient_sbp, shard_sbp>({b.elements}, mesh).wire_bytes);
+        opts.quantize_gradients
+            ? quantized_reduce_bytes(b.elements)
+            : static_cast<std::uint64_t>(sbp::boxing_cost<gradient_sbp, shard_sbp>({b.elements}, mesh).wire_bytes);
     const bool keep = opts.stage == 1;  // stage 1 keeps the full gradient and reduces a copy
     aligned_vector<float> summand =
         keep ? aligned_vector<float>() : std::move(b.gradient);  // stage 2/3: the thread frees it
@@ -411,7 +421,9 @@ struct sharded_data_parallel<MeshRank>::state {
       aligned_vector<float> p =
           keep ? mesh.pool().acquire_copy(std::span<const float>(c.gradient)) : std::move(summand);
       if (!keep) gradients.sub(full_bytes(c));
-      shard_tensor s = sbp::to<shard_sbp>(gradient_tensor::adopt(mesh, {c.elements}, std::move(p)));
+      shard_tensor s = opts.quantize_gradients
+                           ? reduce_quantized(c.elements, std::move(p))
+                           : sbp::to<shard_sbp>(gradient_tensor::adopt(mesh, {c.elements}, std::move(p)));
       std::span<const float> reduced = s.to_local();
       if (!c.gradient_written) {
         std::copy(reduced.begin(), reduced.end(), c.gradient_shard.begin());
@@ -421,6 +433,107 @@ struct sharded_data_parallel<MeshRank>::state {
       }
     });
     if (!keep) b.gradient = aligned_vector<float>();
+  }
+
+  // ---- the quantized forms (ZeRO++ qwZ, qgZ) ------------------------------------------------
+
+  /// The group a bucket is sharded over: every rank (1-D), the ranks of my node (2-D: mesh axis 1).
+  [[nodiscard]] communicator& shard_group() const { return MeshRank == 1 ? mesh.group() : mesh.axis(1); }
+
+  /// Encoded bytes of each rank's part of n values over the shard group.
+  [[nodiscard]] std::vector<std::size_t> encoded_parts(std::size_t n) const {
+    const int p = shard_group().size();
+    std::vector<std::size_t> bytes(static_cast<std::size_t>(p));
+    for (int q = 0; q < p; ++q)
+      bytes[static_cast<std::size_t>(q)] = codec.encoded_size(sbp::balanced_part(n, p, q).count);
+    return bytes;
+  }
+
+  /// Bytes a quantized gather sends from this rank: every part but its own, once (allgather).
+  [[nodiscard]] std::uint64_t quantized_gather_bytes(std::size_t n) const {
+    const std::vector<std::size_t> bytes = encoded_parts(n);
+    const auto me = static_cast<std::size_t>(shard_group().rank());
+    std::uint64_t sum = 0;
+    for (std::size_t q = 0; q < bytes.size(); ++q) sum += q == me ? 0 : bytes[q];
+    return sum;
+  }
+
+  /// Bytes a quantized reduction sends from this rank: every other rank's part (alltoall), plus the
+  /// f32 allreduce of the shard across nodes on a 2-D mesh.
+  [[nodiscard]] std::uint64_t quantized_reduce_bytes(std::size_t n) const {
+    std::uint64_t sum = quantized_gather_bytes(n);
+    if constexpr (MeshRank == 2)
+      sum += static_cast<std::uint64_t>(
+          sbp::boxing_cost<sbp::sbp<sbp::partial_sum, sbp::split<0>>, shard_sbp>({n}, mesh).wire_bytes);
+    return sum;
+  }
+
+  /// qwZ: S(0) -> B with every part min-max quantized; every rank decodes every part (its own too).
+  full_tensor gather_quantized(const shard_tensor& shard) {
+    communicator& g = shard_group();
+    const std::size_t n = shard.shape()[0];
+    const int p = g.size();
+    const std::vector<std::size_t> bytes = encoded_parts(n);
+    std::size_t total = 0;
+    for (std::size_t b : bytes) total += b;
+    aligned_vector<std::uint8_t> mine =
+        mesh.pool().template acquire<std::uint8_t>(bytes[static_cast<std::size_t>(g.rank())]);
+    aligned_vector<std::uint8_t> all = mesh.pool().template acquire<std::uint8_t>(total);
+    codec.encode(shard.to_local(), std::as_writable_bytes(std::span<std::uint8_t>(mine)));
+    allgather_v(g, std::span<const std::uint8_t>(mine), std::span<std::uint8_t>(all),
+                std::span<const std::size_t>(bytes));
+    aligned_vector<float> full = mesh.pool().template acquire<float>(n);
+    std::size_t at = 0;
+    for (int q = 0; q < p; ++q) {
+      const sbp::part part = sbp::balanced_part(n, p, q);
+      codec.decode(std::as_bytes(std::span<const std::uint8_t>(all).subspan(at, bytes[static_cast<std::size_t>(q)])),
+                   std::span<float>(full).subspan(part.offset, part.count));
+      at += bytes[static_cast<std::size_t>(q)];
+    }
+    mesh.pool().give_back(std::move(mine));
+    mesh.pool().give_back(std::move(all));
+    return full_tensor::adopt(mesh, {n}, std::move(full));
+  }
+
+  /// qgZ: P -> S(0) with each destination's part min-max quantized (one alltoall); my part decoded
+  /// and summed in rank order; on a 2-D mesh then (P, S(0)) -> (B, S(0)) across nodes in f32.
+  shard_tensor reduce_quantized(std::size_t n, aligned_vector<float> summand) {
+    communicator& g = shard_group();
+    const int p = g.size(), me = g.rank();
+    const std::vector<std::size_t> bytes = encoded_parts(n);
+    std::size_t total = 0;
+    for (std::size_t b : bytes) total += b;
+    const sbp::part my_part = sbp::balanced_part(n, p, me);
+    const std::vector<std::size_t> receives(static_cast<std::size_t>(p), bytes[static_cast<std::size_t>(me)]);
+    aligned_vector<std::uint8_t> out = mesh.pool().template acquire<std::uint8_t>(total);
+    aligned_vector<std::uint8_t> in =
+        mesh.pool().template acquire<std::uint8_t>(bytes[static_cast<std::size_t>(me)] * static_cast<std::size_t>(p));
+    std::size_t at = 0;
+    for (int q = 0; q < p; ++q) {
+      const sbp::part part = sbp::balanced_part(n, p, q);
+      codec.encode(
+          std::span<const float>(summand).subspan(part.offset, part.count),
+          std::as_writable_bytes(std::span<std::uint8_t>(out).subspan(at, bytes[static_cast<std::size_t>(q)])));
+      at += bytes[static_cast<std::size_t>(q)];
+    }
+    mesh.pool().give_back(std::move(summand));
+    alltoall_v(g, std::span<const std::uint8_t>(out), std::span<const std::size_t>(bytes), std::span<std::uint8_t>(in),
+               std::span<const std::size_t>(receives));
+    aligned_vector<float> local = mesh.pool().template acquire<float>(my_part.count, 0.0f);
+    aligned_vector<float> piece = mesh.pool().template acquire<float>(my_part.count);
+    for (int q = 0; q < p; ++q) {
+      const std::size_t size = bytes[static_cast<std::size_t>(me)];
+      codec.decode(std::as_bytes(std::span<const std::uint8_t>(in).subspan(static_cast<std::size_t>(q) * size, size)),
+                   std::span<float>(piece));
+      for (std::size_t i = 0; i < piece.size(); ++i) local[i] += piece[i];
+    }
+    mesh.pool().give_back(std::move(out));
+    mesh.pool().give_back(std::move(in));
+    mesh.pool().give_back(std::move(piece));
+    if constexpr (MeshRank == 2)
+      return sbp::to<shard_sbp>(node_reduced_tensor::adopt(mesh, {n}, std::move(local)));
+    else
+      return shard_tensor::adopt(mesh, {n}, std::move(local));
   }
 
   bool step(relax::optimizer& opt) {
@@ -470,15 +583,12 @@ struct sharded_data_parallel<MeshRank>::state {
 
   // ---- full values -----------------------------------------------------------------------------
 
-  /// Runs `body` with bucket k's full parameters (gathered for it in stage 3, freed after).
+  /// Runs `body` with bucket k's exact full parameters (a gather of their own, after what is queued).
   template <class Body>
   void with_full(std::size_t k, Body&& body) {
-    bucket& b = buckets[k];
-    const bool had = b.gathering;
-    begin_gather(k);
-    queue.wait(b.gathered);
-    body(std::span<const float>(b.full->to_local()));
-    if (opts.stage == 3 && !had && b.views == 0) free_full(k);
+    std::optional<full_tensor> full;
+    queue.wait(queue.submit([&] { full.emplace(sbp::to<full_sbp>(buckets[k].shard->clone())); }));
+    body(std::span<const float>(full->to_local()));
   }
 
   std::vector<std::pair<std::string, std::vector<float>>> full_parameters() {
@@ -537,6 +647,7 @@ struct sharded_data_parallel<MeshRank>::state {
   int pass = 0;
   bool started = false;
   byte_meter parameters, gradients;
+  compress::minmax_uint8 codec;
   std::size_t optimizer_bytes = 0, data_parallel_state_bytes = 0;
   traffic_report traffic;
   detail::comm_queue queue;  // last: destroyed (joined) first, before what its tasks use

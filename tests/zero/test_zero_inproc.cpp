@@ -73,6 +73,29 @@ TEST_P(zero_inproc, hybrid_mesh) {
   }
 }
 
+TEST_P(zero_inproc, quantized_weights_and_gradients_within_bounds) {
+  const int p = GetParam();
+  for (int stage : {2, 3})
+    for (auto [w, g] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + " qwZ " + std::to_string(w) + " qgZ " + std::to_string(g));
+      run_in_process(
+          p, [&](communicator& comm) { testing_support::zero_quantized_within_bounds<1>(comm, {p}, stage, w, g); },
+          test_config());
+    }
+  if (p % 2 == 0)
+    run_in_process(
+        p,
+        [&](communicator& comm) {
+          testing_support::zero_quantized_within_bounds<2>(comm, {2, p / 2}, 3, true, true);
+        },
+        test_config());
+}
+
+TEST_P(zero_inproc, quantized_traffic) {
+  run_in_process(
+      GetParam(), [](communicator& comm) { testing_support::zero_quantized_traffic(comm); }, test_config());
+}
+
 TEST_P(zero_inproc, memory_accounting) {
   for (int stage : {1, 2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));

@@ -47,6 +47,11 @@ TEST_F(zero_mpi, hybrid_mesh) {
   testing_support::zero_matches_data_parallel<2>(world(), {nodes, p / nodes}, c);
 }
 
+TEST_F(zero_mpi, quantized_weights_and_gradients_within_bounds) {
+  testing_support::zero_quantized_within_bounds<1>(world(), {world().size()}, 3, true, true);
+  testing_support::zero_quantized_within_bounds<1>(world(), {world().size()}, 1, true, false);
+}
+
 TEST_F(zero_mpi, destroyed_with_gathers_queued) { testing_support::zero_destroyed_with_gathers_queued(world()); }
 
 TEST_F(zero_mpi, memory_accounting) {

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -157,6 +158,93 @@ void zero_matches_data_parallel(communicator& comm, std::array<int, N> mesh_shap
       }
     EXPECT_EQ(floats, sharded.size());
   }
+}
+
+/// The quantized forms (ZeRO++ qwZ, qgZ) against the exact oracle, with plain SGD: gathered weights
+/// within min-max's bound of the oracle's (range / 510 per chunk, ranges at most the weights' spread),
+/// master weights equal to the oracle's with qwZ alone (the gradients do not depend on the weights
+/// here) and within lr * 2 / 510 per step with qgZ (each rank's gradient part is off by at most its
+/// range, at most 2, / 510; the average of p such errors too).
+template <std::size_t N>
+void zero_quantized_within_bounds(communicator& comm, std::array<int, N> mesh_shape, int stage, bool weights,
+                                  bool gradients) {
+  sbp::placement<N> mesh(comm, mesh_shape);
+  const zero::options o{.stage = stage,
+                        .bucket_bytes = 144,
+                        .prefetch = 1,
+                        .quantize_weights = weights,
+                        .quantize_gradients = gradients,
+                        .quantization_chunk = 5};
+  zero::sharded_data_parallel<N> model(mesh, o);
+  const auto& sizes = zero_sizes();
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    model.add(zero_name(i), sizes[i], [i](std::size_t first, std::span<float> values) {
+      for (std::size_t j = 0; j < values.size(); ++j) values[j] = zero_init(i, first + j);
+    });
+  model.start();
+  relax::sgd opt({.learning_rate = 0.25f});
+  zero_oracle oracle(false);
+  oracle.opt = std::make_unique<relax::sgd>(relax::sgd_options{.learning_rate = 0.25f});
+  const std::vector<bool> none(sizes.size(), false);
+  const float per_step = gradients ? 0.25f * 2.0f / 510.0f * 1.01f + 1e-6f : 0.0f;
+  bool gathered_differ = false, masters_differ = false;  // the quantization is seen (not only bounded)
+  for (int t = 0; t < 3; ++t) {
+    float lo = 0, hi = 0;
+    for (const auto& w : oracle.w)
+      for (float x : w) lo = std::min(lo, x), hi = std::max(hi, x);
+    const float drift = per_step * static_cast<float>(t);
+    const float bound = (weights ? (hi - lo + 2 * drift) / 510.0f * 1.01f + 1e-6f : 0.0f) + drift;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      auto w = model.gather(zero_name(i));
+      for (std::size_t j = 0; j < sizes[i]; ++j) {
+        ASSERT_LE(std::abs(w.values()[j] - oracle.w[i][j]), bound) << zero_name(i) << "[" << j << "] step " << t;
+        gathered_differ = gathered_differ || w.values()[j] != oracle.w[i][j];
+      }
+    }
+    for (std::size_t i = sizes.size(); i-- > 0;) {
+      std::span<float> g = model.gradient(zero_name(i));
+      for (std::size_t j = 0; j < g.size(); ++j) g[j] = zero_grad(comm.rank(), t, 0, i, j);
+      model.gradient_ready(zero_name(i));
+    }
+    model.step(opt);
+    oracle.step(comm.size(), t, 1, true, none);
+    const auto full = model.full_parameters();
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      for (std::size_t j = 0; j < sizes[i]; ++j) {
+        ASSERT_LE(std::abs(full[i].second[j] - oracle.w[i][j]), per_step * static_cast<float>(t + 1))
+            << "master " << zero_name(i) << "[" << j << "] after step " << t;
+        masters_differ = masters_differ || full[i].second[j] != oracle.w[i][j];
+      }
+  }
+  EXPECT_EQ(gathered_differ, weights || (gradients && masters_differ)) << "qwZ leaves gathered weights exact";
+  EXPECT_EQ(masters_differ, gradients) << "qgZ leaves the reduced gradients exact";
+}
+
+/// With chunks of 512 values a quantized step sends about a quarter of the exact one's bytes (and
+/// the 8 bytes of each chunk's min and max): below 0.3 of them, for a gather and a reduction.
+inline void zero_quantized_traffic(communicator& comm) {
+  sbp::placement<1> mesh(comm, {comm.size()});
+  double bytes[2] = {0, 0};
+  for (bool quantized : {false, true}) {
+    zero::sharded_data_parallel<1> model(mesh, {.stage = 3,
+                                                .bucket_bytes = std::size_t{1} << 20,
+                                                .quantize_weights = quantized,
+                                                .quantize_gradients = quantized,
+                                                .quantization_chunk = 512});
+    model.add("w", 40000, [](std::size_t first, std::span<float> v) {
+      for (std::size_t j = 0; j < v.size(); ++j) v[j] = static_cast<float>((first + j) % 13);
+    });
+    model.start();
+    { auto w = model.gather("w"); }
+    for (float& g : model.gradient("w")) g = 1.0f;
+    model.gradient_ready("w");
+    relax::sgd opt;
+    model.step(opt);
+    bytes[quantized ? 1 : 0] = static_cast<double>(model.traffic().wire_bytes);
+  }
+  if (comm.size() == 1) return;
+  EXPECT_GT(bytes[1], 0.2 * bytes[0]);
+  EXPECT_LT(bytes[1], 0.3 * bytes[0]);
 }
 
 /// Memory by the library's accounting after a step: shards only where the stage shards them.

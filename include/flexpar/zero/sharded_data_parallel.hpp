@@ -24,6 +24,9 @@
 //   gradients         S(0)   P -> S(0)  reduce-scatter          when a bucket's last gradient is ready
 //   optimizer state   S(0)   (updated locally by step())        always
 //
+// The two boxings may travel quantized to 8 bits (ZeRO++ qwZ and qgZ: options::quantize_weights,
+// quantize_gradients); full_parameters() and full_optimizer_state() always gather exact values.
+//
 // Stages: 1 keeps full gradients for the whole step (as data parallelism does: they can be read after
 // step()) and reduces a copy; 2 frees each bucket's full gradient once it is reduced; 3 also frees each
 // bucket's full parameters once they are used, and gathers them again when they are next asked for.
@@ -73,6 +76,17 @@ struct options {
   bool average = true;
   /// Backward passes accumulated (each reduced and added into the gradient shard) per optimizer step.
   int backward_passes_per_step = 1;
+  /// ZeRO++ qwZ: gathers send each rank's shard min-max quantized to 8 bits (compress::minmax_uint8,
+  /// per chunk of quantization_chunk values) and every rank decodes every part, its own too, so the
+  /// full parameters are the same on every rank; the shards (the master copy) stay f32.
+  bool quantize_weights = false;
+  /// ZeRO++ qgZ: the reduce-scatter of a gradient bucket sends each destination's part quantized to 8
+  /// bits (one alltoall, BAGUA's bytegrad pattern on a reduce-scatter); each rank decodes and sums its
+  /// part in f32, in rank order. On a 2-D mesh this is the step within a node; across nodes the shard
+  /// is allreduced in f32.
+  bool quantize_gradients = false;
+  /// Values per min-max chunk of the quantized forms (each chunk carries its min and max: 8 bytes).
+  std::size_t quantization_chunk = 512;
 };
 
 /// Fills values [first, first + values.size()) of one parameter: the same values on every rank (a
