@@ -102,7 +102,8 @@ struct sharded_data_parallel<MeshRank>::state {
     bool gathering = false;                // full exists or is being gathered
     bool viewed = false;                   // viewed since it was gathered
     int views = 0;                         // live views
-    aligned_vector<float> gradient;        // P: this pass's (stage 1: kept for the whole step)
+    aligned_vector<float> gradient;        // P: this pass's (stage 1: all passes', kept for the whole step)
+    aligned_vector<float> pass_gradient;   // stage 1, passes after the first: added into `gradient`
     bool gradient_open = false;            // gradient() was asked for this pass
     std::size_t ready = 0;                 // members ready this pass
     bool reduced = false;                  // its P -> S(0) was submitted this pass
@@ -365,6 +366,11 @@ struct sharded_data_parallel<MeshRank>::state {
 
   // ---- gradients (P -> S(0)) -------------------------------------------------------------------
 
+  /// Stage 1 accumulates the passes of a step in its full gradient (a pass after the first writes a
+  /// buffer of its own, added in when ready) and reduces once, on the last pass; stages 2 and 3
+  /// reduce every pass and accumulate in the gradient shard.
+  [[nodiscard]] bool accumulating_pass() const noexcept { return opts.stage == 1 && pass > 0; }
+
   std::span<float> gradient(std::string_view name) {
     member& m = find("gradient", name);
     bucket& b = buckets[m.bucket];
@@ -373,7 +379,10 @@ struct sharded_data_parallel<MeshRank>::state {
                         "\": its gradient was marked ready this pass already; ask for the buffer before");
     if (!b.gradient_open) {
       b.gradient_open = true;
-      if (opts.stage == 1 && !b.gradient.empty()) {
+      if (accumulating_pass()) {
+        b.pass_gradient = mesh.pool().template acquire<float>(b.elements, 0.0f);
+        gradients.add(full_bytes(b));
+      } else if (opts.stage == 1 && !b.gradient.empty()) {
         queue.wait(b.reduction);  // the last reduction copied it already; it is reused
         std::fill(b.gradient.begin(), b.gradient.end(), 0.0f);
       } else {
@@ -381,7 +390,7 @@ struct sharded_data_parallel<MeshRank>::state {
         gradients.add(full_bytes(b));
       }
     }
-    return std::span<float>(b.gradient).subspan(m.offset, m.count);
+    return std::span<float>(accumulating_pass() ? b.pass_gradient : b.gradient).subspan(m.offset, m.count);
   }
 
   void gradient_ready(std::string_view name) {
@@ -390,7 +399,13 @@ struct sharded_data_parallel<MeshRank>::state {
       throw usage_error(at("gradient_ready") + "parameter \"" + m.name + "\" was marked ready twice in one pass");
     m.ready = true;
     bucket& b = buckets[m.bucket];
+    if (accumulating_pass() && b.gradient_open) add_pass(b, m);
     if (++b.ready == b.members.size()) reduce(m.bucket);
+  }
+
+  /// Stage 1: adds member m's part of this pass's buffer into the step's full gradient.
+  static void add_pass(bucket& b, const member& m) {
+    for (std::size_t i = m.offset; i < m.offset + m.count; ++i) b.gradient[i] += b.pass_gradient[i];
   }
 
   /// Submits bucket k's P -> S(0); the thread adds the result into the gradient shard.
@@ -398,7 +413,14 @@ struct sharded_data_parallel<MeshRank>::state {
     bucket& b = buckets[k];
     if (b.reduced) return;
     b.reduced = true;
-    if (!b.gradient_open) {  // nothing asked for this pass: it contributes zeros
+    if (accumulating_pass()) {  // the members not marked ready are added now; the pass's buffer goes
+      if (b.gradient_open) {
+        for (std::size_t i : b.members)
+          if (!members[i].ready) add_pass(b, members[i]);
+        mesh.pool().give_back(std::move(b.pass_gradient));
+        gradients.sub(full_bytes(b));
+      }
+    } else if (!b.gradient_open) {  // nothing asked for this pass: it contributes zeros
       b.gradient_open = true;
       if (b.gradient.empty()) {
         b.gradient = mesh.pool().template acquire<float>(b.elements, 0.0f);
@@ -408,6 +430,7 @@ struct sharded_data_parallel<MeshRank>::state {
         std::fill(b.gradient.begin(), b.gradient.end(), 0.0f);
       }
     }
+    if (opts.stage == 1 && pass + 1 < opts.backward_passes_per_step) return;  // reduced on the last pass
     ++traffic.reduce_scatters;
     traffic.wire_bytes +=
         opts.quantize_gradients

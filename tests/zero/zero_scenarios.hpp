@@ -136,6 +136,10 @@ void zero_matches_data_parallel(communicator& comm, std::array<int, N> mesh_shap
     }
     oracle.step(comm.size(), t, passes, c.options.average, skipped);
   }
+  // stage 1 reduces once per step (its passes add up in its full gradients), 2 and 3 once per pass
+  const std::uint64_t reductions =
+      model.buckets() * static_cast<std::size_t>(c.steps) * static_cast<std::size_t>(c.options.stage == 1 ? 1 : passes);
+  EXPECT_EQ(model.traffic().reduce_scatters, reductions);
   const auto full = model.full_parameters();
   ASSERT_EQ(full.size(), sizes.size());
   for (std::size_t i = 0; i < sizes.size(); ++i) {

@@ -28,11 +28,11 @@
 // quantize_gradients); full_parameters() and full_optimizer_state() always gather exact values.
 //
 // Stages: 1 keeps full gradients for the whole step (as data parallelism does: they can be read after
-// step()) and reduces a copy; 2 frees each bucket's full gradient once it is reduced; 3 also frees each
-// bucket's full parameters once they are used, and gathers them again when they are next asked for.
-// On a placement<2> {nodes, ranks per node} the shard SBP is (B, S(0)): replicated across nodes and
-// sharded within a node (hybrid sharding, ZeRO++ hpZ), gradients (P, P) -> (B, S(0)) by the route the
-// nd boxing planner picks.
+// step()), accumulates the backward passes of a step in them and reduces a copy once, on the last
+// pass; 2 reduces every pass into the gradient shard and frees each bucket's full gradient once it is reduced; 3 also
+// frees each bucket's full parameters once they are used, and gathers them again when they are next asked for. On a
+// placement<2> {nodes, ranks per node} the shard SBP is (B, S(0)): replicated across nodes and sharded within a node
+// (hybrid sharding, ZeRO++ hpZ), gradients (P, P) -> (B, S(0)) by the route the nd boxing planner picks.
 //
 // Communication runs on a background thread (options::overlap; the MPI transport then needs
 // MPI_THREAD_MULTIPLE) in the order the calls were made, which is the same on every rank: gather(),
@@ -74,7 +74,8 @@ struct options {
   int prefetch = 1;
   /// true: gradients are averaged over ranks and passes (data parallelism's mean); false: summed.
   bool average = true;
-  /// Backward passes accumulated (each reduced and added into the gradient shard) per optimizer step.
+  /// Backward passes accumulated per optimizer step: stage 1 adds them up in its full gradients and
+  /// reduces once; stages 2 and 3 reduce each pass and add it into the gradient shard.
   int backward_passes_per_step = 1;
   /// ZeRO++ qwZ: gathers send each rank's shard min-max quantized to 8 bits (compress::minmax_uint8,
   /// per chunk of quantization_chunk values) and every rank decodes every part, its own too, so the
