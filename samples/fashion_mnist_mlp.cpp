@@ -16,7 +16,9 @@
 // on any number of ranks. On as many ranks as saved it, a resumed run ends with the weights of an
 // uninterrupted one, bit for bit; on another number the shards and batches differ from there on.
 // `--kill-rank R --kill-at-step S` makes rank R SIGKILL itself at step S, inside the step's exchange
-// (the failure a checkpoint is for: samples/support/checkpoint_resume.sh).
+// (the failure a checkpoint is for: samples/support/checkpoint_resume.sh). `--on-failure shrink`: the
+// survivors of a dead rank agree on a communicator without it (communicator::shrink) and go on
+// training on their own shards (samples/support/shrink_and_go_on.sh).
 //
 // Exit status: 0, 1 (an error: each rank prints it), 2 (bad command line), 77 (no data set; ctest
 // counts it as skipped).
@@ -29,6 +31,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -69,6 +72,7 @@ struct settings : fm::training_settings {
   bool resume = false;
   int kill_rank = -1;
   std::size_t kill_at_step = 0;
+  std::string on_failure = "abort";  // or "shrink": the survivors of a dead rank go on without it
 };
 
 /// FNV-1a of the weights' bytes: one number that differs when any bit of any weight does.
@@ -87,10 +91,10 @@ struct position {
   std::int64_t examples = 0;
 };
 
-/// Sum over ranks of (loss, correct, examples).
-fm::batch_result sum_over_ranks(const fm::batch_result& r) {
+/// Sum over the ranks of `comm` of (loss, correct, examples).
+fm::batch_result sum_over_ranks(const flexpar::communicator& comm, const fm::batch_result& r) {
   double in[3] = {r.loss_sum, static_cast<double>(r.correct), static_cast<double>(r.examples)}, out[3] = {};
-  MPI_Allreduce(in, out, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(in, out, 3, MPI_DOUBLE, MPI_SUM, comm.mpi_comm());
   return {out[0], static_cast<std::size_t>(out[1]), static_cast<std::size_t>(out[2])};
 }
 
@@ -109,7 +113,11 @@ fm::batch_result evaluate(fm::mlp& model, const std::vector<float>& x, const fm:
 int train(const settings& opt) {
   auto comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD, flexpar::config::from_environment(),
                                               flexpar::thread_need::multiple);
-  const int rank = comm.rank(), size = comm.size();
+  int rank = comm.rank(), size = comm.size();  // change when the survivors of a failure shrink
+  if (opt.on_failure == "shrink" && !opt.checkpoint.empty())
+    throw flexpar::usage_error(
+        "fashion_mnist_mlp: --on-failure shrink goes on without the dead rank; --checkpoint is for restarting "
+        "the job instead: pass one of them");
 
   // Data: every rank reads the files and keeps its shard of the training set and of the test set.
   const fm::training_data data = fm::load_training_data(opt, rank, size, "fashion_mnist_mlp");
@@ -217,6 +225,7 @@ int train(const settings& opt) {
   const std::size_t first_step = static_cast<std::size_t>(at.examples) / examples_per_step;
   std::size_t step_index = (static_cast<std::size_t>(first_epoch) - 1) * steps_per_epoch + first_step;
   double train_seconds = 0;
+  bool shrunk = false;
   std::vector<double> all_step_ms, all_comm_ms;
   using clock = std::chrono::steady_clock;
 
@@ -245,7 +254,29 @@ int train(const settings& opt) {
         std::fflush(stdout);
         std::raise(SIGKILL);
       }
-      algo->step(params, optimizer);
+      // --on-failure shrink: a peer_failure (a rank died: the liveness monitor names it) makes the
+      // survivors agree on a communicator without it, start the relaxation again on it (every replica
+      // becomes the new rank 0's) and take this step again; each keeps its own shard of the data.
+      for (;;) {
+        try {
+          algo->step(params, optimizer);
+          break;
+        } catch (const flexpar::peer_failure& e) {
+          if (opt.on_failure != "shrink") throw;
+          const auto failed_at = clock::now();
+          const int old_rank = rank;
+          algo.reset();  // what was built on the old communicator goes first
+          comm = comm.shrink();
+          rank = comm.rank();
+          size = comm.size();
+          algo = flexpar::relax::make(opt.algorithm, comm, ropt);
+          algo->start(params);
+          shrunk = true;
+          std::printf("survivor %d: %s; went on as rank %d of %d after %.3f s\n", old_rank, e.what(), rank, size,
+                      std::chrono::duration<double>(clock::now() - failed_at).count());
+          std::fflush(stdout);
+        }
+      }
       const auto t2 = clock::now();
       if (saver && opt.every != 0 && (step_index + 1) % opt.every == 0 && step_index + 1 != total_steps) {
         at = s + 1 == steps_per_epoch ? position{epoch + 1, 0}
@@ -264,10 +295,10 @@ int train(const settings& opt) {
 
     // Each rank scores its own replica on its test shard (replicas differ between exchanges for
     // decentralized and local algorithms; the final line below scores the consensus model).
-    const fm::batch_result train_r = sum_over_ranks(seen);
-    const fm::batch_result test_r = sum_over_ranks(evaluate(model, test_x, test_set));
+    const fm::batch_result train_r = sum_over_ranks(comm, seen);
+    const fm::batch_result test_r = sum_over_ranks(comm, evaluate(model, test_x, test_set));
     double sent = static_cast<double>(algo->traffic_so_far().bytes_sent - bytes_before), sent_sum = 0;
-    MPI_Allreduce(&sent, &sent_sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&sent, &sent_sum, 1, MPI_DOUBLE, MPI_SUM, comm.mpi_comm());
     if (rank == 0)
       std::printf(
           "epoch %2d/%d  loss %.4f  train accuracy %.4f  test accuracy %.4f  step %.2f ms (comm %.2f ms)  "
@@ -292,9 +323,9 @@ int train(const settings& opt) {
     weights.insert(weights.end(), model.weight(l).begin(), model.weight(l).end());
     weights.insert(weights.end(), model.bias(l).begin(), model.bias(l).end());
   }
-  const int ranks_differ = fm::ranks_differing_from_root(weights);
+  const int ranks_differ = fm::ranks_differing_from_root(weights, comm.mpi_comm());
 
-  const fm::batch_result test_r = sum_over_ranks(evaluate(model, test_x, test_set));
+  const fm::batch_result test_r = sum_over_ranks(comm, evaluate(model, test_x, test_set));
   const flexpar::relax::traffic t = algo->traffic_so_far();
   const double accuracy = static_cast<double>(test_r.correct) / static_cast<double>(test_r.examples);
   if (rank == 0) {
@@ -311,7 +342,15 @@ int train(const settings& opt) {
         fm::median(all_step_ms), fm::median(all_comm_ms), train_seconds, accuracy,
         static_cast<unsigned long long>(digest(weights)));
   }
-  return fm::final_status(rank, accuracy, opt.min_accuracy, ranks_differ);
+  const int status = fm::final_status(rank, accuracy, opt.min_accuracy, ranks_differ);
+  if (shrunk) {
+    // MPI_Finalize waits for the dead rank (MPICH 4.0.2; doc/failures.md): a shrunk job ends here.
+    std::printf("survivor rank %d of %d: finished, status %d\n", rank, size, status);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(status);
+  }
+  return status;
 }
 
 }  // namespace
@@ -342,6 +381,11 @@ int main(int argc, char** argv) {
       ->needs(checkpoint);
   app.add_option("--kill-rank", opt.kill_rank, "fault injection: this rank SIGKILLs itself at --kill-at-step");
   app.add_option("--kill-at-step", opt.kill_at_step, "fault injection: the step (from 1) of --kill-rank's death");
+  app.add_option("--on-failure", opt.on_failure,
+                 "abort: a dead rank ends the job (restart it from --checkpoint); shrink: the survivors go on "
+                 "without it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"abort", "shrink"}));
   CLI11_PARSE(app, argc, argv);
   if (opt.optimizer == "adam" && opt.schedule == "cosine") opt.schedule = "constant";  // Adam is scale-invariant
 

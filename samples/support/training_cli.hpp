@@ -93,12 +93,12 @@ inline double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// Collective: on how many ranks `mine` differs (bitwise) from rank 0's copy.
-inline int ranks_differing_from_root(const std::vector<float>& mine) {
+/// Collective over `comm`: on how many ranks `mine` differs (bitwise) from rank 0's copy.
+inline int ranks_differing_from_root(const std::vector<float>& mine, MPI_Comm comm = MPI_COMM_WORLD) {
   std::vector<float> root = mine;
-  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  MPI_Bcast(root.data(), static_cast<int>(root.size()), MPI_FLOAT, 0, comm);
   int differ = std::memcmp(mine.data(), root.data(), mine.size() * sizeof(float)) == 0 ? 0 : 1, ranks = 0;
-  MPI_Allreduce(&differ, &ranks, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&differ, &ranks, 1, MPI_INT, MPI_SUM, comm);
   return ranks;
 }
 
