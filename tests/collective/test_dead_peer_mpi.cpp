@@ -9,6 +9,8 @@
 //         ring                  the ring allreduce over the transport (FLEXPAR_TRANSPORT: mpi | ucx)
 //         engine                a gradient_sync step over an engine (its negotiation and fusion thread)
 //         relaxation            a decentralized (ring) relaxation's step, point to point
+//         zero                  a ZeRO-3 step (zero::sharded_data_parallel): its boxings run on its
+//                               communication thread, whose peer_failure reaches the caller's wait
 //         stopped               the ring, the victim stopped rather than killed: only its heartbeats tell
 //
 // The victim dies after one operation that every rank finishes (and checks); each survivor then
@@ -23,9 +25,11 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +40,7 @@
 #include <flexpar/engine/gradient_sync.hpp>
 #include <flexpar/relax/decentralized.hpp>
 #include <flexpar/relax/optimizer.hpp>
+#include <flexpar/zero/sharded_data_parallel.hpp>
 
 namespace {
 
@@ -60,9 +65,18 @@ class workload {
       relax_ = std::make_unique<flexpar::relax::decentralized>(comm, flexpar::relax::peer_selection::ring);
       relax_->start(params());
     }
+    if (op_ == "zero") {
+      mesh_.emplace(comm, std::array<int, 1>{comm.size()});
+      zero_.emplace(*mesh_, flexpar::zero::options{.stage = 3, .bucket_bytes = data_.size() * sizeof(float)});
+      zero_->add("w", weights_);
+      zero_->start();
+    }
   }
   /// Drops what was built (after a failure).
   void reset() {
+    zero_.reset();
+    mesh_.reset();
+    sgd_ = flexpar::relax::sgd({.learning_rate = 0.1f});  // its state was sized for the old shards
     sync_.reset();
     engine_.reset();
     relax_.reset();
@@ -85,6 +99,15 @@ class workload {
       relax_->step(params(), sgd_);
       return weights_.back() == 1.0f;
     }
+    if (op_ == "zero") {  // gradients 0: the weights stay 1 on every rank
+      {
+        auto w = zero_->gather("w");
+        if (w.values().back() != 1.0f) return false;
+      }
+      for (float& g : zero_->gradient("w")) g = 0.0f;
+      zero_->gradient_ready("w");
+      return zero_->step(sgd_);
+    }
     const auto algo = op_ == "ring" || op_ == "stopped" ? flexpar::algorithm::ring : flexpar::algorithm::shared_memory;
     flexpar::allreduce(*comm_, std::span(data_), flexpar::reduce_op::sum, algo);
     return data_.back() == static_cast<float>(p);
@@ -99,6 +122,8 @@ class workload {
   std::unique_ptr<flexpar::engine> engine_;
   std::unique_ptr<flexpar::gradient_sync> sync_;
   std::unique_ptr<flexpar::relax::decentralized> relax_;
+  std::optional<flexpar::sbp::placement<1>> mesh_;
+  std::optional<flexpar::zero::sharded_data_parallel<1>> zero_;
   flexpar::relax::sgd sgd_{{.learning_rate = 0.1f}};
 };
 
@@ -110,7 +135,7 @@ int main(int argc, char** argv) {
   const std::string op = argc > 1 ? argv[1] : "allreduce_small";
   const bool shrink = argc > 2 && std::string(argv[2]) == "shrink";
   const std::vector<std::string> ops{"allreduce_small", "allreduce_large", "allgather", "ring",
-                                     "engine",          "relaxation",      "stopped"};
+                                     "engine",          "relaxation",      "stopped",   "zero"};
   if (std::find(ops.begin(), ops.end(), op) == ops.end()) {
     std::fprintf(stderr, "test_dead_peer_mpi: unknown operation '%s'\n", op.c_str());
     return 2;
