@@ -3,16 +3,17 @@
 #include <flexpar/zero/sharded_data_parallel.hpp>
 
 #include <algorithm>
-#include <cstring>
-#include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
 
 #include <flexpar/compress/minmax_uint8.hpp>
 #include <flexpar/core/error.hpp>
+#include <flexpar/relax/flat_model.hpp>
 #include <flexpar/sbp/boxing.hpp>
 #include <flexpar/sbp/global_tensor.hpp>
 
@@ -39,14 +40,13 @@ struct annotations<2> {
   using gradient = sbp::sbp<sbp::partial_sum, sbp::partial_sum>;
 };
 
-/// FNV-1a, 64 bits, continued from `h`.
-std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 14695981039346656037ull) {
-  for (char c : bytes) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+using relax::detail::fnv1a;
+
+/// Hashes std::string and std::string_view alike: names are looked up without a copy.
+struct name_hash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view name) const noexcept { return std::hash<std::string_view>{}(name); }
+};
 
 /// Bytes held now and at most, updated from the caller's thread and the communication thread.
 class byte_meter {
@@ -108,6 +108,8 @@ struct sharded_data_parallel<MeshRank>::state {
     std::size_t ready = 0;                 // members ready this pass
     bool reduced = false;                  // its P -> S(0) was submitted this pass
     detail::comm_queue::ticket reduction;  // the last P -> S(0)
+    std::uint64_t gather_bytes = 0;        // wire bytes of one gather, one reduction (set by start())
+    std::uint64_t reduce_bytes = 0;
   };
 
   state(const sbp::placement<MeshRank>& ranks, options o)
@@ -149,7 +151,7 @@ struct sharded_data_parallel<MeshRank>::state {
   }
 
   member& find(std::string_view op, std::string_view name) {
-    auto it = by_name.find(std::string(name));
+    auto it = by_name.find(name);
     if (it == by_name.end()) {
       std::string text = at(op);
       text.append("parameter \"").append(name).append("\" was never registered (");
@@ -274,6 +276,16 @@ struct sharded_data_parallel<MeshRank>::state {
       b.members.push_back(i);
       b.elements += m.count;
     }
+    for (bucket& b : buckets) {
+      b.gather_bytes =
+          opts.quantize_weights
+              ? quantized_gather_bytes(b.elements)
+              : static_cast<std::uint64_t>(sbp::boxing_cost<shard_sbp, full_sbp>({b.elements}, mesh).wire_bytes);
+      b.reduce_bytes =
+          opts.quantize_gradients
+              ? quantized_reduce_bytes(b.elements)
+              : static_cast<std::uint64_t>(sbp::boxing_cost<gradient_sbp, shard_sbp>({b.elements}, mesh).wire_bytes);
+    }
   }
 
   /// Fills my shard of bucket `k` from the members' initializers.
@@ -316,10 +328,7 @@ struct sharded_data_parallel<MeshRank>::state {
     b.gathering = true;
     b.viewed = false;
     ++traffic.gathers;
-    traffic.wire_bytes +=
-        opts.quantize_weights
-            ? quantized_gather_bytes(b.elements)
-            : static_cast<std::uint64_t>(sbp::boxing_cost<shard_sbp, full_sbp>({b.elements}, mesh).wire_bytes);
+    traffic.wire_bytes += b.gather_bytes;
     b.gathered = queue.submit([this, k] {
       bucket& c = buckets[k];
       parameters.add(full_bytes(c));
@@ -432,10 +441,7 @@ struct sharded_data_parallel<MeshRank>::state {
     }
     if (opts.stage == 1 && pass + 1 < opts.backward_passes_per_step) return;  // reduced on the last pass
     ++traffic.reduce_scatters;
-    traffic.wire_bytes +=
-        opts.quantize_gradients
-            ? quantized_reduce_bytes(b.elements)
-            : static_cast<std::uint64_t>(sbp::boxing_cost<gradient_sbp, shard_sbp>({b.elements}, mesh).wire_bytes);
+    traffic.wire_bytes += b.reduce_bytes;
     const bool keep = opts.stage == 1;  // stage 1 keeps the full gradient and reduces a copy
     aligned_vector<float> summand =
         keep ? aligned_vector<float>() : std::move(b.gradient);  // stage 2/3: the thread frees it
@@ -664,7 +670,7 @@ struct sharded_data_parallel<MeshRank>::state {
   std::unique_ptr<communicator> comm;  // split off the parent: the boxings' messages never mix with the caller's
   sbp::placement<MeshRank> mesh;       // the caller's mesh shape over `comm`
   std::vector<member> members;
-  std::unordered_map<std::string, std::size_t> by_name;
+  std::unordered_map<std::string, std::size_t, name_hash, std::equal_to<>> by_name;
   std::vector<bucket> buckets;                 // made by start(), never resized after (the thread holds indices)
   std::vector<std::size_t> order, last_order;  // stage 3: buckets in the order gather() switched to them
   int pass = 0;
