@@ -49,6 +49,7 @@
 
 #include "support/fashion_mnist.hpp"
 #include "support/mlp.hpp"
+#include "support/mlp_scores.hpp"
 #include "support/scheduled_optimizer.hpp"
 #include "support/training_cli.hpp"
 
@@ -75,14 +76,6 @@ struct settings : fm::training_settings {
   std::string on_failure = "abort";  // or "shrink": the survivors of a dead rank go on without it
 };
 
-/// FNV-1a of the weights' bytes: one number that differs when any bit of any weight does.
-std::uint64_t digest(const std::vector<float>& weights) {
-  std::uint64_t h = 1469598103934665603ULL;
-  const auto* b = reinterpret_cast<const unsigned char*>(weights.data());
-  for (std::size_t i = 0; i < weights.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ULL;
-  return h;
-}
-
 /// Where a run stands in its data: the epoch in progress and the examples of it that all ranks
 /// together have trained on. Saved in checkpoints, so that a resumed run, on any number of ranks,
 /// goes on with the next batch.
@@ -90,25 +83,6 @@ struct position {
   std::int64_t epoch = 1;
   std::int64_t examples = 0;
 };
-
-/// Sum over the ranks of `comm` of (loss, correct, examples).
-fm::batch_result sum_over_ranks(const flexpar::communicator& comm, const fm::batch_result& r) {
-  double in[3] = {r.loss_sum, static_cast<double>(r.correct), static_cast<double>(r.examples)}, out[3] = {};
-  MPI_Allreduce(in, out, 3, MPI_DOUBLE, MPI_SUM, comm.mpi_comm());
-  return {out[0], static_cast<std::size_t>(out[1]), static_cast<std::size_t>(out[2])};
-}
-
-/// Loss/accuracy of this rank's model on `set` (already normalized into `x`).
-fm::batch_result evaluate(fm::mlp& model, const std::vector<float>& x, const fm::fashion_mnist_set& set) {
-  fm::batch_result r;
-  constexpr std::size_t chunk = 1000;
-  const std::size_t px = set.pixels();
-  for (std::size_t s = 0; s < set.count; s += chunk) {
-    const std::size_t n = std::min(chunk, set.count - s);
-    model.evaluate(std::span(x).subspan(s * px, n * px), std::span(set.labels).subspan(s, n), n, r);
-  }
-  return r;
-}
 
 int train(const settings& opt) {
   auto comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD, flexpar::config::from_environment(),
@@ -295,8 +269,8 @@ int train(const settings& opt) {
 
     // Each rank scores its own replica on its test shard (replicas differ between exchanges for
     // decentralized and local algorithms; the final line below scores the consensus model).
-    const fm::batch_result train_r = sum_over_ranks(comm, seen);
-    const fm::batch_result test_r = sum_over_ranks(comm, evaluate(model, test_x, test_set));
+    const fm::batch_result train_r = fm::sum_over_ranks(comm, seen);
+    const fm::batch_result test_r = fm::sum_over_ranks(comm, fm::evaluate(model, test_x, test_set));
     double sent = static_cast<double>(algo->traffic_so_far().bytes_sent - bytes_before), sent_sum = 0;
     MPI_Allreduce(&sent, &sent_sum, 1, MPI_DOUBLE, MPI_SUM, comm.mpi_comm());
     if (rank == 0)
@@ -325,7 +299,7 @@ int train(const settings& opt) {
   }
   const int ranks_differ = fm::ranks_differing_from_root(weights, comm.mpi_comm());
 
-  const fm::batch_result test_r = sum_over_ranks(comm, evaluate(model, test_x, test_set));
+  const fm::batch_result test_r = fm::sum_over_ranks(comm, fm::evaluate(model, test_x, test_set));
   const flexpar::relax::traffic t = algo->traffic_so_far();
   const double accuracy = static_cast<double>(test_r.correct) / static_cast<double>(test_r.examples);
   if (rank == 0) {
@@ -340,7 +314,7 @@ int train(const settings& opt) {
         std::string(algo->name()).c_str(), size, opt.epochs, static_cast<unsigned long long>(t.steps),
         static_cast<unsigned long long>(t.exchanges), static_cast<unsigned long long>(t.bytes_sent),
         fm::median(all_step_ms), fm::median(all_comm_ms), train_seconds, accuracy,
-        static_cast<unsigned long long>(digest(weights)));
+        static_cast<unsigned long long>(fm::digest(weights)));
   }
   const int status = fm::final_status(rank, accuracy, opt.min_accuracy, ranks_differ);
   if (shrunk) {

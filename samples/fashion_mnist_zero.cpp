@@ -40,6 +40,7 @@
 
 #include "support/fashion_mnist.hpp"
 #include "support/mlp.hpp"
+#include "support/mlp_scores.hpp"
 #include "support/scheduled_optimizer.hpp"
 #include "support/training_cli.hpp"
 
@@ -97,32 +98,6 @@ class sharded_source final : public fm::parameter_source {
   std::vector<std::optional<view>> weights_, biases_;
 };
 // [/snippet:zero_source]
-
-/// What one epoch or run measured, summed or reported on rank 0.
-fm::batch_result sum_over_ranks(const flexpar::communicator& comm, const fm::batch_result& r) {
-  double in[3] = {r.loss_sum, static_cast<double>(r.correct), static_cast<double>(r.examples)}, out[3] = {};
-  MPI_Allreduce(in, out, 3, MPI_DOUBLE, MPI_SUM, comm.mpi_comm());
-  return {out[0], static_cast<std::size_t>(out[1]), static_cast<std::size_t>(out[2])};
-}
-
-fm::batch_result evaluate(fm::mlp& model, const std::vector<float>& x, const fm::fashion_mnist_set& set,
-                          fm::parameter_source* src) {
-  fm::batch_result r;
-  constexpr std::size_t chunk = 1000;
-  const std::size_t px = set.pixels();
-  for (std::size_t s = 0; s < set.count; s += chunk) {
-    const std::size_t n = std::min(chunk, set.count - s);
-    model.evaluate(std::span(x).subspan(s * px, n * px), std::span(set.labels).subspan(s, n), n, r, src);
-  }
-  return r;
-}
-
-std::uint64_t digest(const std::vector<float>& weights) {
-  std::uint64_t h = 1469598103934665603ULL;
-  const auto* b = reinterpret_cast<const unsigned char*>(weights.data());
-  for (std::size_t i = 0; i < weights.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ULL;
-  return h;
-}
 
 /// One training run; `Mesh` is 1 (ZeRO over every rank) or 2 (hybrid: {nodes, ranks per node}).
 template <std::size_t Mesh>
@@ -194,16 +169,18 @@ int train(flexpar::communicator& comm, const settings& opt, std::array<int, Mesh
   auto sent_so_far = [&]() -> std::uint64_t {
     return sharded ? sharded->traffic().wire_bytes : data_parallel->traffic_so_far().bytes_sent;
   };
-  // Evaluation needs every parameter on every rank: a full copy, gathered once (stage 3 frees it after).
-  auto test_score = [&] {
-    if (!sharded) return sum_over_ranks(comm, evaluate(model, test_x, data.test, nullptr));
-    fm::mlp full(model.widths(), opt.seed);
-    for (const auto& [name, values] : sharded->full_parameters()) {
+  // Evaluation needs every parameter on every rank: a copy of the model from `full`, what
+  // full_parameters() gathered (stage 3 frees its buckets after).
+  using named_values = std::vector<std::pair<std::string, std::vector<float>>>;
+  auto test_score = [&](const named_values& full) {
+    if (!sharded) return fm::sum_over_ranks(comm, fm::evaluate(model, test_x, data.test));
+    fm::mlp copy(model.widths(), opt.seed);
+    for (const auto& [name, values] : full) {
       const std::size_t l = static_cast<std::size_t>(std::stoul(name.substr(2))) - 1;
-      const auto target = name.ends_with(".weight") ? full.weight(l) : full.bias(l);
+      const auto target = name.ends_with(".weight") ? copy.weight(l) : copy.bias(l);
       std::copy(values.begin(), values.end(), target.begin());
     }
-    return sum_over_ranks(comm, evaluate(full, test_x, data.test, nullptr));
+    return fm::sum_over_ranks(comm, fm::evaluate(copy, test_x, data.test));
   };
   for (int epoch = 1; epoch <= opt.epochs; ++epoch) {
     std::seed_seq seq{opt.seed, static_cast<std::uint64_t>(rank), static_cast<std::uint64_t>(epoch)};
@@ -230,8 +207,8 @@ int train(flexpar::communicator& comm, const settings& opt, std::array<int, Mesh
       step_ms.push_back(std::chrono::duration<double, std::milli>(clock::now() - t0).count());
     }
     all_step_ms.insert(all_step_ms.end(), step_ms.begin(), step_ms.end());
-    const fm::batch_result train_r = sum_over_ranks(comm, seen);
-    const fm::batch_result test_r = test_score();
+    const fm::batch_result train_r = fm::sum_over_ranks(comm, seen);
+    const fm::batch_result test_r = test_score(sharded ? sharded->full_parameters() : named_values{});
     if (rank == 0)
       std::printf("epoch %2d/%d  loss %.4f  train accuracy %.4f  test accuracy %.4f  step %.2f ms  sent %.2f MB/rank\n",
                   epoch, opt.epochs, train_r.loss_sum / static_cast<double>(train_r.examples),
@@ -243,16 +220,16 @@ int train(flexpar::communicator& comm, const settings& opt, std::array<int, Mesh
 
   // The final weights (every rank's full copy) and what each rank held.
   std::vector<float> weights;
+  const named_values full = sharded ? sharded->full_parameters() : named_values{};
   if (sharded) {
-    for (const auto& [name, values] : sharded->full_parameters())
-      weights.insert(weights.end(), values.begin(), values.end());
+    for (const auto& [name, values] : full) weights.insert(weights.end(), values.begin(), values.end());
   } else {
     for (std::size_t l = 0; l < model.layers(); ++l) {
       weights.insert(weights.end(), model.weight(l).begin(), model.weight(l).end());
       weights.insert(weights.end(), model.bias(l).begin(), model.bias(l).end());
     }
   }
-  const fm::batch_result test_r = test_score();
+  const fm::batch_result test_r = test_score(full);
   const double accuracy = static_cast<double>(test_r.correct) / static_cast<double>(test_r.examples);
   flexpar::zero::memory_report m;
   if (sharded) {
@@ -282,7 +259,7 @@ int train(flexpar::communicator& comm, const settings& opt, std::array<int, Mesh
         "weights=%016llx\n",
         opt.zero, opt.quantize.c_str(), Mesh == 2 ? 1 : 0, size, opt.epochs, fm::median(all_step_ms),
         static_cast<double>(sent_so_far()) / static_cast<double>(std::max<std::size_t>(1, step_index)), accuracy,
-        static_cast<unsigned long long>(digest(weights)));
+        static_cast<unsigned long long>(fm::digest(weights)));
   }
   return fm::final_status(rank, accuracy, opt.min_accuracy, 0);
 }
