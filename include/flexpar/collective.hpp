@@ -48,6 +48,7 @@
 #include <flexpar/collective/barrier_dissemination.hpp>
 #include <flexpar/collective/broadcast_binomial_tree.hpp>
 #include <flexpar/collective/broadcast_chain.hpp>
+#include <flexpar/collective/call_agreement.hpp>
 #include <flexpar/collective/context.hpp>
 #include <flexpar/collective/exchange_shared_memory.hpp>
 #include <flexpar/collective/reduce_binomial_tree.hpp>
@@ -91,6 +92,8 @@ bool same_buffer(std::span<const T> a, std::span<T> b) {
 template <element T>
 void allreduce_in_place(communicator& comm, std::span<T> data, reduce_op op, algorithm a) {
   if (a == algorithm::automatic) a = choose_allreduce(comm, data.size_bytes());
+  if (a == algorithm::ring || a == algorithm::halving_doubling || a == algorithm::hierarchical)
+    agree_on_call(comm, "allreduce", a, facts_of<T>(data.size(), op));
   switch (a) {
     case algorithm::ring: allreduce_ring(comm, data, op); break;
     case algorithm::halving_doubling: allreduce_halving_doubling(comm, data, op); break;
@@ -113,6 +116,8 @@ std::span<T> reduce_scatter_in_place(communicator& comm, std::span<T> data, cons
       where == result_at::front ? data.first(layout.count(comm.rank())) : layout.of(data, comm.rank());
   switch (a) {  // both honour `where`
     case algorithm::ring: {
+      agree_on_call(comm, name.data(), a,
+                    facts_of<T>(layout.total, op, std::nullopt, block_layout_digest(layout.counts)));
       call c = begin_call(comm);
       ring_reduce_scatter(c, data, layout, op, where);
       break;
@@ -163,6 +168,10 @@ void allgather_in_place(communicator& comm, std::span<T> data, const block_layou
     if (comm.size() > 1) shared_memory_allgather(comm, data, layout);
     return;
   }
+  if (a != algorithm::ring && a != algorithm::recursive_doubling)
+    unsupported(comm, name, a, "automatic, ring, recursive_doubling, shared_memory");
+  agree_on_call(comm, name.data(), a,
+                facts_of<T>(layout.total, std::nullopt, std::nullopt, block_layout_digest(layout.counts)));
   call c = begin_call(comm);
   switch (a) {
     case algorithm::ring: ring_allgather(c, data, layout); break;
@@ -192,6 +201,9 @@ void allgather_out_of_place(communicator& comm, std::span<const T> in, std::span
 template <element T>
 void reduce_into_acc(communicator& comm, std::span<T> acc, reduce_op op, int root, algorithm a) {
   if (a == algorithm::automatic) a = choose_reduce(comm, acc.size_bytes());
+  if (a != algorithm::chain && a != algorithm::binomial_tree)
+    unsupported(comm, "reduce", a, "automatic, chain, binomial_tree");
+  agree_on_call(comm, "reduce", a, facts_of<T>(acc.size(), op, root));
   call c = begin_call(comm);
   switch (a) {
     case algorithm::chain: chain_reduce(c, acc, op, root); break;
@@ -370,6 +382,8 @@ void allgather_v_placed(communicator& comm, std::span<const std::type_identity_t
     detail::shared_memory_allgather_placed(comm, std::span<const T>(in), layout, s, place);
     return;
   }
+  detail::agree_on_call(comm, "allgather_v_placed", algorithm::pairwise,
+                        facts_of<T>(layout.total, std::nullopt, std::nullopt, block_layout_digest(layout.counts)));
   detail::call c = detail::begin_call(comm);
   detail::pairwise_allgather_placed(c, std::span<const T>(in), layout, s, place);
 }
@@ -381,6 +395,9 @@ template <element T>
 void broadcast(communicator& comm, std::span<T> data, int root, algorithm a = algorithm::automatic) {
   detail::check_root(comm, "broadcast", root);
   if (a == algorithm::automatic) a = choose_broadcast(comm, data.size_bytes());
+  if (a != algorithm::chain && a != algorithm::binomial_tree)
+    detail::unsupported(comm, "broadcast", a, "automatic, chain, binomial_tree");
+  detail::agree_on_call(comm, "broadcast", a, facts_of<T>(data.size(), std::nullopt, root));
   detail::call c = detail::begin_call(comm);
   switch (a) {
     case algorithm::chain: detail::chain_broadcast(c, data, root); break;
@@ -436,6 +453,7 @@ void alltoall(communicator& comm, std::span<const std::type_identity_t<T>> in, s
     detail::shared_memory_alltoall(comm, std::span<const T>(in), out, in.size() / p);
     return;
   }
+  detail::agree_on_call(comm, "alltoall", a, facts_of<T>(in.size()));
   detail::call c = detail::begin_call(comm);
   if (detail::same_buffer(in, out)) {
     auto copy = detail::scratch<T>(in.size());
@@ -470,6 +488,10 @@ void alltoall_v(communicator& comm, std::span<const std::type_identity_t<T>> in,
                       std::to_string(receives.total));
   if (a != algorithm::automatic && a != algorithm::pairwise)
     detail::unsupported(comm, "alltoall_v", a, "automatic, pairwise");
+  // the counts differ between ranks by design: each receive checks its own size (irecv_exact)
+  call_facts facts = facts_of<T>(0);
+  facts.count_differs = true;
+  detail::agree_on_call(comm, "alltoall_v", algorithm::pairwise, facts);
   detail::call c = detail::begin_call(comm);
   detail::pairwise_alltoall_v(c, in, sends, out, receives);
 }
@@ -494,6 +516,9 @@ template <element T, class Source, class Target, class Landed>
 requires std::invocable<Source&, int> && std::invocable<Target&, int> &&
     std::invocable<Landed&, int, std::span<const T>>
 void alltoall_v_placed(communicator& comm, Source&& source, Target&& target, Landed&& landed) {
+  call_facts facts;  // the caller's blocks: their counts and type are its own business
+  facts.count_differs = true;
+  detail::agree_on_call(comm, "alltoall_v_placed", algorithm::pairwise, facts);
   detail::call c = detail::begin_call(comm);
   detail::pairwise_alltoall_v_placed<T>(c, source, target, landed);
 }
@@ -502,6 +527,7 @@ void alltoall_v_placed(communicator& comm, Source&& source, Target&& target, Lan
 inline void barrier(communicator& comm, algorithm a = algorithm::automatic) {
   if (a != algorithm::automatic && a != algorithm::dissemination)
     detail::unsupported(comm, "barrier", a, "automatic, dissemination");
+  detail::agree_on_call(comm, "barrier", algorithm::dissemination, call_facts{});
   detail::call c = detail::begin_call(comm);
   detail::dissemination_barrier(c);
 }

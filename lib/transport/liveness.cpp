@@ -52,7 +52,9 @@ struct header {
   std::uint32_t sender;
   std::uint64_t job_key;
   std::uint32_t kind;
-  std::uint32_t count;  // (rank, cause) pairs that follow
+  std::uint32_t count;    // (rank, cause) pairs that follow
+  std::uint32_t idle_ms;  // for how long the sender has polled no flexpar request
+  std::uint32_t pad;
 };
 
 std::string read_first_line(const char* path) {
@@ -178,6 +180,15 @@ std::string liveness_monitor::reason(int r) const {
   return p.detail;
 }
 
+std::optional<std::chrono::milliseconds> liveness_monitor::idle(int r) const {
+  const std::lock_guard lock(mutex_);
+  const peer& p = peers_.at(static_cast<std::size_t>(r));
+  const clock::time_point now = clock::now();
+  if (r == rank_ || p.failed || p.left || now - p.last_seen > 2 * interval_ + tick) return std::nullopt;
+  return std::chrono::milliseconds(p.idle_ms) +
+         std::chrono::duration_cast<std::chrono::milliseconds>(now - p.last_seen);
+}
+
 void liveness_monitor::declare_failed(int r, cause why, const std::string& detail) {
   mark_failed(r, why, detail, rank_);
 }
@@ -220,8 +231,20 @@ void liveness_monitor::beat(bool goodbye) noexcept {
         failures.push_back(static_cast<std::uint32_t>(r));
         failures.push_back(static_cast<std::uint32_t>(peers_[r].origin));
       }
-    const header h{beat_magic, static_cast<std::uint32_t>(rank_), job_key_, goodbye ? kind_goodbye : kind_beat,
-                   static_cast<std::uint32_t>(failures.size() / 2)};
+    const clock::time_point now = clock::now();
+    const std::uint64_t polls = polls_.load(std::memory_order_relaxed);
+    if (polls != polls_seen_) {
+      polls_seen_ = polls;
+      last_poll_ = now;
+    }
+    const auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_poll_).count();
+    const header h{beat_magic,
+                   static_cast<std::uint32_t>(rank_),
+                   job_key_,
+                   goodbye ? kind_goodbye : kind_beat,
+                   static_cast<std::uint32_t>(failures.size() / 2),
+                   static_cast<std::uint32_t>(std::min<long long>(idle, 0xffffffffLL)),
+                   0};
     std::memcpy(datagram.data(), &h, sizeof h);
     const auto bytes = std::as_bytes(std::span(failures));
     datagram.insert(datagram.end(), bytes.begin(), bytes.end());
@@ -265,6 +288,7 @@ void liveness_monitor::receive() noexcept {
       peer& p = peers_[static_cast<std::size_t>(sender)];
       if (p.failed) continue;  // failure is final: a late beat does not revive it
       p.last_seen = clock::now();
+      p.idle_ms = h.idle_ms;
       if (h.kind == kind_goodbye) p.left = true;
     }
     for (std::size_t k = 0; k < failures.size(); k += 2) {
@@ -331,6 +355,18 @@ std::string liveness_view::failures_text(const std::vector<int>& ranks) const {
   for (int r : ranks) {
     if (!text.empty()) text += "; ";
     text += "rank " + std::to_string(r) + " failed: " + monitor_->reason(member(r));
+  }
+  return text;
+}
+
+std::string liveness_view::stall_text(std::chrono::milliseconds waited) const {
+  const auto at_least = std::max(std::chrono::milliseconds(1000), waited / 2);
+  std::string text;
+  for (std::size_t r = 0; r < members_.size(); ++r) {
+    const std::optional<std::chrono::milliseconds> idle = monitor_->idle(members_[r]);
+    if (!idle || *idle < at_least) continue;
+    text += "; rank " + std::to_string(r) + " is alive (its heartbeats arrive) but has been in no flexpar wait for " +
+            seconds_text(*idle) + ": it is not in this call (stuck in its own code, or in another call)";
   }
   return text;
 }

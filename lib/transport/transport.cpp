@@ -47,9 +47,10 @@ void request::wait(deadline until) {
   if (!state_) return;
   const auto started = clock::now();
   if (!state_->wait_until(until)) {
-    const auto waited = std::chrono::duration<double>(clock::now() - started).count();
+    const auto waited = clock::now() - started;
     throw timeout_error(detail::describe(state_->info()) + " did not complete before its deadline (waited " +
-                        std::to_string(waited) + " s)");
+                        seconds_text(waited) + ")" +
+                        state_->stall_text(std::chrono::duration_cast<std::chrono::milliseconds>(waited)));
   }
   finish();
 }

@@ -1,8 +1,8 @@
-// Ranks that disagree about a collective through the shared-memory segment: every rank throws the
-// same mismatch_error naming each side and its ranks, before anything is written (guard words past
-// every buffer, and the buffers themselves, stay as they were), and the communicator is refused
-// afterwards. Threads as ranks on one node (the segment's path). Through the transport, a count
-// that differs is an error on the ranks that receive the other size, never a result.
+// Ranks that disagree about a collective: every rank throws the same mismatch_error naming each side
+// and its ranks, before anything is written (guard words past every buffer, and the buffers
+// themselves, stay as they were). Through the shared-memory segment (threads as ranks on one node)
+// the communicator is refused afterwards; through the transport (collective/call_agreement.hpp:
+// threads as ranks on nodes of one rank, tests/collective/mismatch_cases.hpp) it goes on working.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,26 +15,13 @@
 #include <flexpar/collective.hpp>
 #include <flexpar/comm/run_in_process.hpp>
 
+#include "mismatch_cases.hpp"
 #include "support/test_config.hpp"
 
 namespace flexpar {
 namespace {
 
-using testing_support::with_timeout;
-
-/// `n` elements of value 1 followed by 16 guard elements of value 77.
-template <class T>
-std::vector<T> guarded(std::size_t n) {
-  std::vector<T> v(n + 16, T(77));
-  std::fill_n(v.begin(), n, T(1));
-  return v;
-}
-
-/// True when `v` is still guarded(n): nothing was written into it or past its first n elements.
-template <class T>
-bool untouched(const std::vector<T>& v, std::size_t n) {
-  return v == guarded<T>(n);
-}
+using namespace testing_support;
 
 /// Runs `call` on every one of `p` ranks (one node); each must throw a mismatch_error whose text
 /// holds every string of `says`; then any collective on the communicator is a usage_error.
@@ -198,72 +185,95 @@ TEST(shared_memory_mismatch, agreeing_calls_after_agreeing_calls_still_run) {
       with_timeout(std::chrono::seconds(30)));
 }
 
-TEST(transport_mismatch, counts_that_differ_end_in_errors_never_in_a_result) {
-  // Through the transport each message's size is computed by both sides; a receive gets exactly
-  // that many bytes or fails: shorter is a mismatch_error, longer the transport's truncation error.
-  // Ranks that wait on a rank that failed end at the deadline (2 s here). Rank 2 passes 3 x the
-  // others' count (999, divisible by 3 for the collectives that need it); some rank fails, nothing
-  // is written past any buffer, and no allreduce returns on any rank. Where some rank receives a
-  // shorter message than it computed (a root or chain end that receives from rank 2 receives a
-  // longer one), that rank's error is the mismatch_error.
-  struct variant {
-    const char* name;
-    bool every_rank_throws;
-    bool a_rank_receives_less;
-    std::function<void(communicator&, std::span<float>)> call;
-  };
-  const std::vector<variant> variants = {
-      {"allreduce ring", true, true,
-       [](communicator& c, std::span<float> d) { allreduce(c, d, reduce_op::sum, algorithm::ring); }},
-      {"allreduce halving_doubling", true, true,
-       [](communicator& c, std::span<float> d) { allreduce(c, d, reduce_op::sum, algorithm::halving_doubling); }},
-      {"broadcast chain", false, true,
-       [](communicator& c, std::span<float> d) { broadcast(c, d, 0, algorithm::chain); }},
-      {"broadcast binomial_tree", false, true,
-       [](communicator& c, std::span<float> d) { broadcast(c, d, 0, algorithm::binomial_tree); }},
-      {"reduce chain", false, false,
-       [](communicator& c, std::span<float> d) { reduce(c, d, reduce_op::sum, 0, algorithm::chain); }},
-      {"reduce binomial_tree", false, false,
-       [](communicator& c, std::span<float> d) { reduce(c, d, reduce_op::sum, 0, algorithm::binomial_tree); }},
-      {"allgather ring", false, true, [](communicator& c, std::span<float> d) { allgather(c, d, algorithm::ring); }},
-      {"allgather recursive_doubling", false, false,
-       [](communicator& c, std::span<float> d) { allgather(c, d, algorithm::recursive_doubling); }},
-      {"reduce_scatter ring", false, true,
-       [](communicator& c, std::span<float> d) { reduce_scatter(c, d, reduce_op::sum, algorithm::ring); }},
-      {"alltoall pairwise", false, true,
-       [](communicator& c, std::span<float> d) { alltoall(c, d, algorithm::pairwise); }},
-  };
-  const config cfg = with_timeout(std::chrono::seconds(2));
-  for (const variant& v : variants) {
-    SCOPED_TRACE(v.name);
-    std::vector<int> returned(3, 0), mismatches(3, 0);
+/// Every case of mismatch_cases on `p` threads as ranks in nodes of `ranks_per_node` (0: one node,
+/// where the ranks agree through the segment; otherwise over the transport). Every rank throws a
+/// mismatch_error naming both sides, with its buffers untouched. Afterwards, on one node the
+/// communicator is refused; across nodes every message of the agreement was received, and the next
+/// collective runs and is right.
+void expect_every_case(int p, int odd, int ranks_per_node) {
+  for (const mismatch_case& mc : mismatch_cases(p, odd)) {
+    SCOPED_TRACE(mc.name);
+    std::vector<std::string> seen(static_cast<std::size_t>(p));
+    run_in_process(
+        p,
+        [&](communicator& comm) {
+          try {
+            mc.call(comm, comm.rank() == odd);
+            ADD_FAILURE() << "rank " << comm.rank() << ": the mismatched call returned";
+          } catch (const mismatch_error& e) {
+            seen[static_cast<std::size_t>(comm.rank())] = e.what();
+          }
+          std::vector<float> one(1, 1.0f);
+          if (ranks_per_node == 0) {
+            EXPECT_THROW(allreduce(comm, std::span(one), reduce_op::sum, algorithm::ring), usage_error);
+          } else {
+            allreduce(comm, std::span(one), reduce_op::sum, algorithm::ring);
+            EXPECT_EQ(one[0], static_cast<float>(p)) << "rank " << comm.rank();
+          }
+        },
+        with_timeout(std::chrono::seconds(20)), ranks_per_node);
+    for (int r = 0; r < p; ++r) {
+      const std::string& text = seen[static_cast<std::size_t>(r)];
+      EXPECT_NE(text.find("[rank " + std::to_string(r) + "]"), std::string::npos) << text;
+      EXPECT_NE(text.find("the ranks disagree about the call: "), std::string::npos) << text;
+      for (const side& s : mc.says)
+        EXPECT_TRUE(names_side(text, s)) << s.description << " on " << s.ranks << "\n" << text;
+    }
+  }
+}
+
+TEST(call_agreement, every_collective_over_the_transport_p3) { expect_every_case(3, 2, 1); }
+TEST(call_agreement, every_collective_through_the_segment_p3) { expect_every_case(3, 2, 0); }
+TEST(call_agreement, dissemination_with_the_odd_rank_anywhere) {
+  // ceil(log2 p) steps, p not a power of two too; the odd rank first, in the middle, last
+  for (auto [p, odd] : {std::pair{2, 0}, {4, 1}, {5, 3}, {5, 0}, {7, 6}}) {
+    SCOPED_TRACE("p = " + std::to_string(p) + ", odd rank " + std::to_string(odd));
+    std::vector<mismatch_case> cases = mismatch_cases(p, odd);
+    cases.resize(1);  // allreduce by ring, counts
+    std::vector<std::string> seen(static_cast<std::size_t>(p));
+    run_in_process(
+        p,
+        [&](communicator& comm) {
+          try {
+            cases[0].call(comm, comm.rank() == odd);
+          } catch (const mismatch_error& e) {
+            seen[static_cast<std::size_t>(comm.rank())] = e.what();
+          }
+        },
+        with_timeout(std::chrono::seconds(20)), 1);
+    for (int r = 0; r < p; ++r)
+      for (const side& s : cases[0].says)
+        EXPECT_TRUE(names_side(seen[static_cast<std::size_t>(r)], s)) << seen[static_cast<std::size_t>(r)];
+  }
+}
+
+TEST(call_agreement, the_shared_memory_path_and_a_transport_path_disagree) {
+  // one node: rank 2 picks the ring where the others take the segment's allreduce (counts that
+  // send automatic down different paths look like this)
+  expect_mismatch_everywhere(3,
+                             [](communicator& comm) {
+                               auto v = guarded<float>(12);
+                               allreduce(comm, std::span(v).first(12), reduce_op::sum,
+                                         comm.rank() == 2 ? algorithm::ring : algorithm::shared_memory);
+                             },
+                             {"allreduce(shared_memory) of 12 f32 (sum) in 1 round, call 0 on ranks {0,1}",
+                              "allreduce by ring of 12 f32 (sum), call 0 on rank {2}"});
+}
+
+TEST(call_agreement, agreeing_calls_pass_on_both_paths) {
+  for (int ranks_per_node : {0, 1})
     run_in_process(
         3,
         [&](communicator& comm) {
-          const std::size_t n = comm.rank() == 2 ? 2997 : 999;
-          auto data = guarded<float>(n);
-          try {
-            v.call(comm, std::span(data).first(n));
-            returned[static_cast<std::size_t>(comm.rank())] = 1;
-          } catch (const mismatch_error& e) {
-            mismatches[static_cast<std::size_t>(comm.rank())] = 1;
-            EXPECT_NE(std::string(e.what()).find("the ranks disagree about a collective"), std::string::npos)
-                << e.what();
-          } catch (const error&) {
+          for (int i = 0; i < 20; ++i) {
+            std::vector<float> v(9, 1.0f);
+            allreduce(comm, std::span(v), reduce_op::sum, algorithm::ring);
+            broadcast(comm, std::span(v), i % 3, algorithm::binomial_tree);
+            barrier(comm);
+            EXPECT_EQ(v, std::vector<float>(9, 3.0f));
           }
-          EXPECT_TRUE(std::equal(data.begin() + static_cast<std::ptrdiff_t>(n), data.end(),
-                                 guarded<float>(n).begin() + static_cast<std::ptrdiff_t>(n)))
-              << "rank " << comm.rank() << " wrote past its buffer";
         },
-        cfg);
-    EXPECT_LT(std::count(returned.begin(), returned.end(), 1), 3);
-    if (v.a_rank_receives_less) {
-      EXPECT_GE(std::count(mismatches.begin(), mismatches.end(), 1), 1);
-    }
-    if (v.every_rank_throws) {
-      EXPECT_EQ(std::count(returned.begin(), returned.end(), 1), 0);
-    }
-  }
+        with_timeout(std::chrono::seconds(20)), ranks_per_node);
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // Issue 40, row 9: with MPI_COMM_WORLD's default handler (MPI_ERRORS_ARE_FATAL), a ring allreduce
 // whose ranks disagree about the count aborted the job in MPICH ("Message truncated", raised by
-// MPI_Test through the world's handler) before flexpar could say anything. Now every rank ends in a
-// flexpar exception: the rank that receives the longer message a transport_error saying so, a
-// rank that receives a shorter one a mismatch_error (collectives receive exactly), the others a
-// timeout_error; nothing aborts. This program never touches the world's handler.
+// MPI_Test through the world's handler) before flexpar could say anything. Now the ranks agree on
+// the call before any data moves (collective/call_agreement.hpp): every rank ends in the same
+// mismatch_error. A message longer than its receive, which a collective can no longer send, still
+// ends in a transport_error saying so on the receiving rank (point to point over the transport),
+// not in an abort. This program never touches the world's handler.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -30,26 +31,27 @@ TEST(mpi_error_handler, mismatched_ring_allreduce_ends_in_flexpar_errors_not_an_
     const int me = comm.rank(), p = comm.size();
     // Rank 1's blocks are longer; the rank after it in the ring receives them.
     std::vector<float> data(1000 + (me == 1 ? 3 * static_cast<std::size_t>(p) : 0), 1.0f);
-    const int receiver = 2 % p;
-    std::string what;
-    bool flexpar_error = false, truncated = false;
     try {
       allreduce(comm, std::span(data), reduce_op::sum, algorithm::ring);
-    } catch (const transport_error& e) {
-      flexpar_error = true;
-      what = e.what();
-      truncated = what.find("Message truncated") != std::string::npos;
-    } catch (const mismatch_error& e) {  // a shorter message than this rank computed
-      flexpar_error = true;
-      what = e.what();
-    } catch (const timeout_error& e) {
-      flexpar_error = true;
-      what = e.what();
+      ADD_FAILURE() << "the mismatched allreduce returned";
+    } catch (const mismatch_error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("[rank " + std::to_string(me) + "] allreduce: the ranks disagree about the call: "),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("of 1000 f32 (sum)"), std::string::npos) << what;
     }
-    EXPECT_TRUE(flexpar_error) << "the mismatched allreduce returned";
-    EXPECT_NE(what.find("[rank " + std::to_string(me) + "]"), std::string::npos) << what;
-    if (me == receiver) {
-      EXPECT_TRUE(truncated) << what;
+    // A longer message than the receive: rank 1 sends 8 bytes more than rank 0 takes.
+    std::vector<std::byte> message(me == 1 ? 72 : 64);
+    if (me == 1) comm.transport().send(0, 7, message, comm.default_deadline());
+    if (me == 0) {
+      try {
+        request r = comm.transport().irecv(1, 7, message);
+        r.wait(comm.default_deadline());
+        ADD_FAILURE() << "a longer message fit a shorter receive";
+      } catch (const transport_error& e) {
+        EXPECT_NE(std::string(e.what()).find("Message truncated"), std::string::npos) << e.what();
+      }
     }
   }
   // The world is still usable (GoogleTest's main agrees on the exit status through it).

@@ -36,10 +36,12 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <flexpar/collective/algorithm.hpp>
 #include <flexpar/collective/context.hpp>
 #include <flexpar/collective/reduce_kernel.hpp>
 #include <flexpar/core/streaming_copy.hpp>
@@ -68,19 +70,25 @@ constexpr cost allreduce_shared_memory_cost(int p, double bytes) noexcept {
 
 namespace detail {
 
-/// What a rank says about the shared-memory call it is in: published with each round, compared in
-/// round 0 (the file header). Plain bytes in the segment, written before the round's publish.
+/// What a rank says about a collective call: published with each shared-memory round and compared
+/// in round 0 (the file header); exchanged before a call through the transport elsewhere
+/// (collective/call_agreement.hpp). Plain bytes, every one of them set (they are compared as bytes).
 struct shm_call {
-  std::uint64_t call = 0;      // shared-memory calls on this communicator before this one
-  std::uint64_t count = 0;     // elements (0 where the operation states none)
-  std::uint64_t rounds = 0;    // rounds of this call
-  std::uint32_t op = 0;        // FNV-1a of the operation's name, "allreduce(shared_memory)"
-  std::uint8_t type = 0xff;    // dtype, or 0xff where the operation states none
-  std::uint8_t reduce = 0xff;  // reduce_op, or 0xff
-  std::uint16_t reserved = 0;
+  std::uint64_t call = 0;                            // calls before this one on its path (segment or transport channel)
+  std::uint64_t count = 0;                           // elements (0 where the operation states none)
+  std::uint32_t rounds = 0;                          // rounds of this call through the segment (0: a transport call)
+  std::uint32_t op = 0;                              // FNV-1a of the operation's name, "allreduce(shared_memory)"
+  std::uint32_t layout = 0;                          // digest of uneven block counts (0: even, or none)
+  std::int32_t root = -1;                            // root rank, or -1
+  std::uint8_t type = 0xff;                          // dtype, or 0xff where the operation states none
+  std::uint8_t reduce = 0xff;                        // reduce_op, or 0xff
+  std::uint8_t algorithm = 0xff;                     // flexpar::algorithm of a transport call, or 0xff
+  std::uint8_t flags = 0;                            // count_unstated
+  static constexpr std::uint8_t count_unstated = 1;  // the count differs between ranks by design
+  std::uint32_t reserved32 = 0;
   friend bool operator==(const shm_call&, const shm_call&) = default;
 };
-static_assert(sizeof(shm_call) == 32);
+static_assert(sizeof(shm_call) == 40);
 
 constexpr std::uint32_t op_hash(std::string_view name) noexcept {
   std::uint32_t h = 2166136261u;
@@ -90,7 +98,7 @@ constexpr std::uint32_t op_hash(std::string_view name) noexcept {
 
 /// Where the flags, call descriptions and round buffers of each rank lie in the segment.
 struct shm_geometry {
-  static constexpr std::size_t flag_line = 128;  // per rank (one writer each): flags, then its shm_calls
+  static constexpr std::size_t flag_line = 192;  // per rank (one writer each): flags, then its shm_calls
   static std::size_t bytes(int p) {
     return flag_line * static_cast<std::size_t>(p) + static_cast<std::size_t>(p) * shm_depth * shm_round_bytes;
   }
@@ -137,21 +145,81 @@ inline shared_memory_segment* shared_memory_of(communicator& comm) {
 
 /// My description of a call of `rounds` rounds (the next call number of `ctx`).
 inline shm_call begin_shm_call(collective_context& ctx, std::string_view op, std::uint64_t rounds,
-                               std::uint64_t count = 0, std::uint8_t type = 0xff, std::uint8_t reduce = 0xff) {
-  return shm_call{ctx.shm_calls++, count, rounds, op_hash(op), type, reduce, 0};
+                               std::uint64_t count = 0, std::uint8_t type = 0xff, std::uint8_t reduce = 0xff,
+                               std::int32_t root = -1, std::uint32_t layout = 0) {
+  shm_call c;
+  c.call = ctx.shm_calls++;
+  c.count = count;
+  c.rounds = static_cast<std::uint32_t>(rounds);
+  c.op = op_hash(op);
+  c.layout = layout;
+  c.root = root;
+  c.type = type;
+  c.reduce = reduce;
+  return c;
 }
 
-/// "allreduce(shared_memory) of 1000 f32 (sum) in 1 round, call 4"; an operation of another name
-/// than `op` is "another shared-memory operation".
+/// The name of an operation of flexpar's collective layer whose op_hash is `hash`, or "" (the
+/// boxings' own names among others): to name the other side of a mismatch.
+inline std::string_view known_operation(std::uint32_t hash) {
+  static constexpr std::string_view names[] = {"allreduce",
+                                               "allreduce(shared_memory)",
+                                               "reduce_scatter",
+                                               "reduce_scatter_v",
+                                               "reduce_scatter(shared_memory)",
+                                               "allgather",
+                                               "allgather_v",
+                                               "allgather_v_placed",
+                                               "allgather(shared_memory)",
+                                               "broadcast",
+                                               "reduce",
+                                               "alltoall",
+                                               "alltoall_v",
+                                               "alltoall_v_placed",
+                                               "alltoall(shared_memory)",
+                                               "barrier"};
+  for (std::string_view n : names)
+    if (op_hash(n) == hash) return n;
+  return {};
+}
+
+/// "allreduce(shared_memory) of 1000 f32 (sum) in 1 round, call 4", "broadcast by chain of 8 u8 from
+/// root 0, call 7": the operation is `op` when its hash is op's, a collective's name when it is
+/// one, "another operation" otherwise.
 inline std::string describe(const shm_call& c, std::string_view op) {
-  std::string s = c.op == op_hash(op) ? std::string(op) : std::string("another shared-memory operation");
-  if (c.count != 0 || c.type != 0xff) {
-    s.append(" of ").append(std::to_string(c.count));
-    if (c.type != 0xff) s.append(" ").append(name_of(static_cast<dtype>(c.type)));
-  }
+  const std::string_view known = c.op == op_hash(op) ? op : known_operation(c.op);
+  std::string s = known.empty() ? std::string("another operation") : std::string(known);
+  if (c.algorithm != 0xff) s.append(" by ").append(name_of(static_cast<algorithm>(c.algorithm)));
+  const bool count_stated = (c.flags & shm_call::count_unstated) == 0;
+  if (c.count != 0 || c.type != 0xff) s.append(" of");
+  if (count_stated && (c.count != 0 || c.type != 0xff)) s.append(" ").append(std::to_string(c.count));
+  if (c.type != 0xff) s.append(" ").append(name_of(static_cast<dtype>(c.type)));
   if (c.reduce != 0xff) s.append(" (").append(name_of(static_cast<reduce_op>(c.reduce))).append(")");
-  s.append(" in ").append(std::to_string(c.rounds)).append(c.rounds == 1 ? " round" : " rounds");
+  if (c.layout != 0) s.append(" in uneven blocks #").append(std::to_string(c.layout));
+  if (c.root >= 0) s.append(" at root ").append(std::to_string(c.root));
+  if (c.rounds != 0) s.append(" in ").append(std::to_string(c.rounds)).append(c.rounds == 1 ? " round" : " rounds");
   return s.append(", call ").append(std::to_string(c.call));
+}
+
+/// The ranks that described a call alike, and their description.
+struct call_group {
+  shm_call call;            // their description
+  std::vector<int> ranks;   // the ranks, ascending
+  bool and_others = false;  // more ranks than `ranks` lists (too many to carry)
+};
+
+/// "the ranks disagree about the call: allreduce ... on ranks {0,1} but allreduce ... on rank {2}".
+inline std::string disagreement_text(std::span<const call_group> groups, std::string_view op, bool more_kinds = false) {
+  std::string text = "the ranks disagree about the call: ";
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    text.append(i == 0 ? "" : " but ")
+        .append(describe(groups[i].call, op))
+        .append(" on ")
+        .append(rank_set(groups[i].ranks));
+    if (groups[i].and_others) text.append(" and others");
+  }
+  if (more_kinds) text.append(" but still other calls on other ranks");
+  return text;
 }
 
 /// Round 0 of a call, after every peer published round g: throws mismatch_error (the same ranks and
@@ -163,23 +231,17 @@ inline void check_shm_call(const communicator& comm, collective_context& ctx, co
   bool agree = true;  // the common case, compared in place: no copy, no allocation
   for (int q = 0; q < p && agree; ++q) agree = std::memcmp(shm.call_slot(q, g), &mine, sizeof(shm_call)) == 0;
   if (agree) return;
-  std::vector<std::pair<shm_call, std::vector<int>>> groups;  // in the order of their lowest rank
+  std::vector<call_group> groups;  // in the order of their lowest rank
   for (int q = 0; q < p; ++q) {
     shm_call c;
     std::memcpy(&c, shm.call_slot(q, g), sizeof(shm_call));
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g2) { return g2.first == c; });
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const call_group& g2) { return g2.call == c; });
     if (it == groups.end())
       groups.push_back({c, {q}});
     else
-      it->second.push_back(q);
+      it->ranks.push_back(q);
   }
-  std::string text = "the ranks disagree about the call: ";
-  for (std::size_t i = 0; i < groups.size(); ++i)
-    text.append(i == 0 ? "" : " but ")
-        .append(describe(groups[i].first, op))
-        .append(" on ")
-        .append(rank_set(groups[i].second));
-  const mismatch_error e = error_on<mismatch_error>(comm.rank(), op, text);
+  const mismatch_error e = error_on<mismatch_error>(comm.rank(), op, disagreement_text(groups, op));
   ctx.broken = e.what();
   throw e;
 }
@@ -196,7 +258,8 @@ void wait_for_peers(const communicator& comm, Counter&& counter_of, std::uint64_
   for (int q = 0; q < comm.size(); ++q) {
     if (q == comm.rank()) continue;
     counter_of(q).wait_until_reached(
-        target, until, [&] { return error_text(comm.rank(), op, "rank ", q, " ", event, " round ", target - 1); });
+        target, until, [&] { return error_text(comm.rank(), op, "rank ", q, " ", event, " round ", target - 1); },
+        comm.transport().liveness());
   }
 }
 

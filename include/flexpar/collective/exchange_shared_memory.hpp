@@ -85,7 +85,7 @@ void shared_memory_allgather_placed(communicator& comm, std::span<const T> mine,
         const std::size_t m = chunks.size(layout.count(q), k);
         if (m != 0) place(q, k * chunks.chunk, std::span<const T>(reinterpret_cast<const T*>(buffer.data()), m));
       },
-      call_facts{layout.total, dtype_of<T>, std::nullopt});
+      facts_of<T>(layout.total));
 }
 
 /// A contiguous copy for the placing of a plain collective on `comm`: streaming stores into a

@@ -59,7 +59,24 @@ struct call_facts {
   std::uint64_t count = 0;      ///< elements of the whole exchange (0: not stated)
   std::optional<dtype> type;    ///< element type (nullopt: not stated)
   std::optional<reduce_op> op;  ///< reduce op (nullopt: not stated, or none)
+  std::optional<int> root;      ///< root rank (nullopt: none)
+  std::uint32_t layout = 0;     ///< digest of uneven block counts (block_layout_digest; 0: not stated)
+  bool count_differs = false;   ///< the count differs between ranks by design (alltoall_v): not compared
 };
+
+/// The facts of an exchange of `count` elements of T, with its reduce op, root and layout digest
+/// where it has them.
+template <element T>
+call_facts facts_of(std::uint64_t count, std::optional<reduce_op> op = std::nullopt,
+                    std::optional<int> root = std::nullopt, std::uint32_t layout = 0) {
+  call_facts f;
+  f.count = count;
+  f.type = dtype_of<T>;
+  f.op = op;
+  f.root = root;
+  f.layout = layout;
+  return f;
+}
 
 /// Chunks of a block of `count` elements: chunk k is [k * chunk, k * chunk + size(count, k)).
 struct round_chunks {
@@ -147,7 +164,7 @@ void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* 
   const deadline until = comm.default_deadline();
   const detail::shm_call call = detail::begin_shm_call(
       ctx, op, rounds, facts.count, facts.type ? static_cast<std::uint8_t>(*facts.type) : std::uint8_t{0xff},
-      facts.op ? static_cast<std::uint8_t>(*facts.op) : std::uint8_t{0xff});
+      facts.op ? static_cast<std::uint8_t>(*facts.op) : std::uint8_t{0xff}, facts.root.value_or(-1), facts.layout);
   const std::uint64_t taken = std::max<std::uint64_t>(rounds, 1);
   for (std::uint64_t k = 0; k < taken; ++k) {
     const std::uint64_t g = ctx.shm_rounds + k;
@@ -162,7 +179,8 @@ void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* 
     // step 3 (drain); round 0 first waits for every peer and compares the calls
     auto wait_for = [&](int q) {
       shm.published(q).wait_until_reached(
-          g + 1, until, [&] { return error_text(me, op, "rank ", q, " publishing round ", k, " of ", rounds); });
+          g + 1, until, [&] { return error_text(me, op, "rank ", q, " publishing round ", k, " of ", rounds); },
+          comm.transport().liveness());
     };
     if (k == 0) {
       for (int step = 1; step < p; ++step) wait_for(detail::modulo(me + step, p));
@@ -214,7 +232,7 @@ void shared_memory_alltoall_placed(communicator& comm, std::size_t rounds, Piece
                 std::span<const T>(reinterpret_cast<const T*>(buffer.data() + static_cast<std::size_t>(me) * section),
                                    from_q.count));
       },
-      call_facts{count, dtype_of<T>, std::nullopt});
+      facts_of<T>(count));
 }
 
 /// A reduce-scatter through the segment, packed by the caller, in rounds of the alltoall's sections.
@@ -260,7 +278,7 @@ void shared_memory_reduce_scatter_packed(communicator& comm, std::size_t rounds,
         else
           reduce_into(result, theirs, op);
       },
-      call_facts{count, dtype_of<T>, op});
+      facts_of<T>(count, op));
 }
 
 }  // namespace flexpar

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include <flexpar/core/process.hpp>
+#include <flexpar/transport/liveness.hpp>
 #include <flexpar/transport/transport.hpp>
 
 namespace flexpar::detail {
@@ -152,9 +153,12 @@ class shared_counter {
   [[nodiscard]] bool reached(std::uint64_t target) const noexcept { return reached(load(), target); }
 
   /// Blocks until the counter reaches `target`; timeout_error with describe()'s text at `until`;
-  /// peer_failure with it as soon as the owner's process is seen to have exited.
+  /// peer_failure with it as soon as the owner's process is seen to have exited, or, with `watch`
+  /// (the group's heartbeats, transport/liveness.hpp), as soon as they say a rank of the group failed
+  /// (a process stopped, on another host). A waiter that sleeps tells `watch` it is waiting.
   template <class Describe>
-  void wait_until_reached(std::uint64_t target, deadline until, Describe&& describe) const {
+  void wait_until_reached(std::uint64_t target, deadline until, Describe&& describe,
+                          const detail::liveness_view* watch = nullptr) const {
     const auto spin_until = clock::now() + shm_spin;
     for (unsigned spin = 1;; ++spin) {
       if (reached(target)) return;
@@ -171,12 +175,17 @@ class shared_counter {
         if (reached(target)) return;
         throw timeout_error(describe() + " did not happen before its deadline");
       }
-      if (owner_ != nullptr && now >= next_check) {
+      if (now >= next_check) {
         next_check = now + shm_liveness_check;
-        const std::int64_t pid = std::atomic_ref<std::uint32_t>(*owner_).load(std::memory_order_relaxed);
+        const std::int64_t pid = owner_ ? std::atomic_ref<std::uint32_t>(*owner_).load(std::memory_order_relaxed) : 0;
         if (pid != 0 && pid != my_pid() && process_gone(pid) && !reached(target))
           throw peer_failure(describe() + " will not happen: that rank's process (pid " + std::to_string(pid) +
                              ") has exited");
+        if (watch != nullptr) {
+          watch->note_wait();
+          if (watch->any_failed() && !reached(target))
+            throw peer_failure(describe() + " will not happen: " + watch->failures_text());
+        }
       }
       const auto nap = std::min<clock::duration>(until - now, std::chrono::milliseconds(10));
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(nap).count();

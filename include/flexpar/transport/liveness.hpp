@@ -10,6 +10,11 @@
 //    process stopped by SIGSTOP: a process that cannot beat is failed, whatever the reason), or
 //  - a live peer's beat says so: every beat carries the failures its sender knows (gossip), so that
 //    the survivors agree on the failed set within one beat of the first one to see it.
+// Every beat also says for how long its sender has polled no flexpar request (the transports note
+// each poll: note_poll). A rank that beats but is in no flexpar wait while the others wait for it is
+// alive but elsewhere: frozen in its own code, or in another call. Not a failure (it may come back),
+// but what a wait that ends at its deadline names (liveness_view::stall_text): every waiting
+// survivor names the same rank, instead of the neighbour it happened to wait for.
 // Failure is final: a rank failed stays failed. A rank that destroys its monitor says goodbye
 // first and is not a failure. A rank told by a peer that it has itself been declared failed (it
 // was silent too long) knows it too: its waits end as well, so that it cannot hang on the others.
@@ -27,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,6 +83,12 @@ class liveness_monitor {
   [[nodiscard]] std::string reason(int r) const;
   /// Marks `r` failed for `why` (as the thread does; e.g. a transport that saw its peer's endpoint fail).
   void declare_failed(int r, cause why, const std::string& detail);
+  /// This process polls a flexpar request now (the transports' waits, on every poll). One relaxed
+  /// store: an approximate count is enough, the thread only asks whether it moved.
+  void note_poll() noexcept { polls_.store(polls_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
+  /// For a live rank `r` whose beats arrive: how long it had polled no flexpar request by its last
+  /// beat, plus that beat's age; nullopt for me, a failed rank, or one whose beats are late.
+  [[nodiscard]] std::optional<std::chrono::milliseconds> idle(int r) const;
 
  private:
   /// What the monitor knows of one rank.
@@ -91,6 +103,7 @@ class liveness_monitor {
     cause origin = cause::silent;  // why the rank that saw it first failed it (what beats carry)
     int reporter = -1;             // who told this monitor (itself: it saw it first)
     std::string detail;
+    std::uint32_t idle_ms = 0;  // its last beat: for how long it had polled no flexpar request
   };
   liveness_monitor(int rank, int fd, std::chrono::milliseconds interval, int misses);
   void run() noexcept;
@@ -108,6 +121,9 @@ class liveness_monitor {
   mutable std::mutex mutex_;
   std::vector<peer> peers_;
   std::atomic<int> failures_{0};
+  std::atomic<std::uint64_t> polls_{0};
+  std::uint64_t polls_seen_ = 0;  // the thread's: polls_ at its last look, and when it last moved
+  clock::time_point last_poll_ = clock::now();
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -125,8 +141,18 @@ class liveness_view {
   /// True when a request of `info` cannot complete because of a failure: strict mode, any member
   /// failed (or I was declared failed); peer-only mode, its peer failed. The fast path is one load.
   [[nodiscard]] bool blocks(const request_info& info) const {
+    monitor_->note_poll();
     return monitor_->failure_count() != 0 && check_blocks(info);
   }
+  /// For a wait of `waited` that ended at its deadline: "; rank 2 is alive (its heartbeats arrive)
+  /// but has been in no flexpar wait for 64 s: it is not in this call (stuck in its own code, or in
+  /// another call)", over the group's live ranks idle for at least half of `waited` (at least 1 s);
+  /// "" when none is.
+  [[nodiscard]] std::string stall_text(std::chrono::milliseconds waited) const;
+  /// A wait outside the transports (the shared-memory rounds) tells the monitor it is waiting.
+  void note_wait() const noexcept { monitor_->note_poll(); }
+  /// True once any member of the group has failed (one load while none has).
+  [[nodiscard]] bool any_failed() const { return monitor_->failure_count() != 0 && !failed().empty(); }
   /// Throws peer_failure for a request of `info` that blocks(): the request, then "rank 2 failed:
   /// its process (pid 1234 on this host) has exited", one clause per failed member.
   [[noreturn]] void throw_failure(const request_info& info) const;

@@ -80,6 +80,9 @@ class request_state {
   virtual void abandon() noexcept = 0;
   /// Bytes received (recv) or sent (send) once complete.
   [[nodiscard]] virtual std::size_t bytes() const noexcept { return info_.size; }
+  /// For a wait that ended at its deadline after `waited`: what the transport knows of why (the
+  /// heartbeats' "rank 2 is alive but in no flexpar wait for 61 s"), or "".
+  [[nodiscard]] virtual std::string stall_text(std::chrono::milliseconds /*waited*/) const { return {}; }
 
   [[nodiscard]] const request_info& info() const noexcept { return info_; }
 

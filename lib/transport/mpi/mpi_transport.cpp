@@ -185,6 +185,9 @@ class mpi_send final : public detail::request_state {
     if (handle_ != MPI_REQUEST_NULL && !mpi_finalized())
       settle(handle_, endpoint_->settle_deadline(), *endpoint_, info_);
   }
+  [[nodiscard]] std::string stall_text(std::chrono::milliseconds waited) const override {
+    return endpoint_->liveness() ? endpoint_->liveness()->stall_text(waited) : std::string();
+  }
 
  private:
   std::shared_ptr<mpi_endpoint> endpoint_;
@@ -231,6 +234,9 @@ class mpi_recv final : public detail::request_state {
   }
 
   [[nodiscard]] std::size_t bytes() const noexcept override { return recv_->size; }
+  [[nodiscard]] std::string stall_text(std::chrono::milliseconds waited) const override {
+    return endpoint_->liveness() ? endpoint_->liveness()->stall_text(waited) : std::string();
+  }
 
  private:
   std::shared_ptr<mpi_endpoint> endpoint_;

@@ -330,6 +330,9 @@ class ucx_request final : public detail::request_state {
   [[nodiscard]] std::size_t bytes() const noexcept override {
     return info_.direction == message_direction::recv ? received_ : info_.size;
   }
+  [[nodiscard]] std::string stall_text(std::chrono::milliseconds waited) const override {
+    return shared_->liveness() ? shared_->liveness()->stall_text(waited) : std::string();
+  }
 
  private:
   /// True once the operation finished (well or not), or its peer failed. Never progresses.
