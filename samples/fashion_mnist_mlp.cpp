@@ -94,14 +94,20 @@ int train(const settings& opt) {
         "the job instead: pass one of them");
 
   // Data: every rank reads the files and keeps its shard of the training set and of the test set.
-  const fm::training_data data = fm::load_training_data(opt, rank, size, "fashion_mnist_mlp");
+  // After a shrink the survivors take the shards of the new world at the end of that epoch.
+  fm::training_data data = fm::load_training_data(opt, rank, size, "fashion_mnist_mlp");
   const fm::fashion_mnist_set& train_set = data.train;
   const fm::fashion_mnist_set& test_set = data.test;
-  const std::size_t steps_per_epoch = data.steps_per_epoch;
+  std::size_t steps_per_epoch = data.steps_per_epoch;
   const std::size_t px = train_set.pixels();
-  std::vector<float> train_x(train_set.images.size()), test_x(test_set.images.size());
-  fm::normalize_pixels(train_set.images, train_x);
-  fm::normalize_pixels(test_set.images, test_x);
+  std::vector<float> train_x, test_x;
+  const auto normalize = [&] {
+    train_x.resize(train_set.images.size());
+    test_x.resize(test_set.images.size());
+    fm::normalize_pixels(train_set.images, train_x);
+    fm::normalize_pixels(test_set.images, test_x);
+  };
+  normalize();
 
   // Model: the same seed on every rank; start() makes every replica rank 0's anyway.
   fm::mlp model({px, 256, 128, 10}, opt.seed);
@@ -199,7 +205,7 @@ int train(const settings& opt) {
   const std::size_t first_step = static_cast<std::size_t>(at.examples) / examples_per_step;
   std::size_t step_index = (static_cast<std::size_t>(first_epoch) - 1) * steps_per_epoch + first_step;
   double train_seconds = 0;
-  bool shrunk = false;
+  bool shrunk = false, reshard = false;
   std::vector<double> all_step_ms, all_comm_ms;
   using clock = std::chrono::steady_clock;
 
@@ -230,7 +236,8 @@ int train(const settings& opt) {
       }
       // --on-failure shrink: a peer_failure (a rank died: the liveness monitor names it) makes the
       // survivors agree on a communicator without it, start the relaxation again on it (every replica
-      // becomes the new rank 0's) and take this step again; each keeps its own shard of the data.
+      // becomes the new rank 0's) and take this step again; they finish the epoch on their own shards
+      // and take the new world's shards for the next one (the dead rank's data is not lost).
       for (;;) {
         try {
           algo->step(params, optimizer);
@@ -245,7 +252,7 @@ int train(const settings& opt) {
           size = comm.size();
           algo = flexpar::relax::make(opt.algorithm, comm, ropt);
           algo->start(params);
-          shrunk = true;
+          shrunk = reshard = true;
           std::printf("survivor %d: %s; went on as rank %d of %d after %.3f s\n", old_rank, e.what(), rank, size,
                       std::chrono::duration<double>(clock::now() - failed_at).count());
           std::fflush(stdout);
@@ -264,6 +271,18 @@ int train(const settings& opt) {
       comm_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     }
     train_seconds += std::chrono::duration<double>(clock::now() - epoch_start).count();
+    if (reshard) {  // the shards of the survivors' world, before scoring on the test set
+      data = fm::load_training_data(opt, rank, size, "fashion_mnist_mlp");
+      normalize();
+      steps_per_epoch = data.steps_per_epoch;
+      order.resize(train_set.count);
+      reshard = false;
+      std::printf(
+          "rank %d of %d: re-sharded the data for %d ranks: %zu training and %zu test images per rank, %zu "
+          "steps per epoch\n",
+          rank, size, size, train_set.count, test_set.count, steps_per_epoch);
+      std::fflush(stdout);
+    }
     all_step_ms.insert(all_step_ms.end(), step_ms.begin(), step_ms.end());
     all_comm_ms.insert(all_comm_ms.end(), comm_ms.begin(), comm_ms.end());
 
