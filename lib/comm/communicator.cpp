@@ -3,6 +3,7 @@
 
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/check_mpi.hpp>
+#include <flexpar/sbp/local_math.hpp>
 #include <flexpar/transport/mpi.hpp>
 #include <flexpar/transport/ucx.hpp>
 
@@ -158,8 +159,11 @@ communicator communicator::from_mpi(MPI_Comm comm, const config& cfg, thread_nee
                                                   : node_topology(detect_nodes(own.get()), rank);
   std::unique_ptr<flexpar::transport> t =
       cfg.transport == transport_kind::ucx ? make_ucx_transport(own.get(), cfg) : make_mpi_transport(own.get(), cfg);
+  const int ranks_on_node = topology.local_size();
   communicator made(std::move(t), std::move(topology), cfg, std::move(own));
   made.close_at_finalize(detail::finalize_registry::attach());
+  // p ranks on a node with a BLAS thread per core each run p times as many threads as there are cores
+  sbp::local::size_blas_threads(cfg.blas_threads, ranks_on_node, &config::environment_lookup);
   return made;
 }
 

@@ -68,6 +68,11 @@ config config::from_environment(const std::function<std::optional<std::string>(s
   if (auto v = lookup("FLEXPAR_HEARTBEAT_MS"))
     c.heartbeat_interval = std::chrono::milliseconds(static_cast<long long>(
         std::llround(parse_number("FLEXPAR_HEARTBEAT_MS", *v, 0, "a number of milliseconds >= 0"))));
+  if (auto v = lookup("FLEXPAR_BLAS_THREADS")) {
+    const double x = parse_number("FLEXPAR_BLAS_THREADS", *v, -1, "-1, 0 (auto) or a number of threads");
+    if (x != std::floor(x) || x > 1 << 16) bad_value("FLEXPAR_BLAS_THREADS", *v, "-1, 0 (auto) or a number of threads");
+    c.blas_threads = static_cast<int>(x);
+  }
   if (auto v = lookup("FLEXPAR_HEARTBEAT_MISSES")) {
     const double x = parse_number("FLEXPAR_HEARTBEAT_MISSES", *v, 1, "a whole number >= 1");
     if (x != std::floor(x) || x > 1 << 20) bad_value("FLEXPAR_HEARTBEAT_MISSES", *v, "a whole number >= 1");

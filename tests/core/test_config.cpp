@@ -62,6 +62,14 @@ TEST(config, reads_the_heartbeat_variables) {
   EXPECT_THROW((void)from({{"FLEXPAR_HEARTBEAT_MISSES", "2.5"}}), usage_error);
 }
 
+TEST(config, reads_the_blas_threads) {
+  EXPECT_EQ(config{}.blas_threads, 0);  // auto
+  EXPECT_EQ(from({{"FLEXPAR_BLAS_THREADS", "3"}}).blas_threads, 3);
+  EXPECT_EQ(from({{"FLEXPAR_BLAS_THREADS", "-1"}}).blas_threads, -1);
+  EXPECT_THROW((void)from({{"FLEXPAR_BLAS_THREADS", "-2"}}), usage_error);
+  EXPECT_THROW((void)from({{"FLEXPAR_BLAS_THREADS", "1.5"}}), usage_error);
+}
+
 TEST(config, reads_the_engine_variables) {
   const config c = from({{"FLEXPAR_FUSION_THRESHOLD", "0"},
                          {"FLEXPAR_CYCLE_TIME_MS", "2.5"},

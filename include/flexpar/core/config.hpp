@@ -77,6 +77,15 @@ struct config {
   /// VM of CI.
   std::optional<std::size_t> source_in_memory_min_bytes;
 
+  /// FLEXPAR_BLAS_THREADS (default 0 = auto; -1 = leave the BLAS alone; n > 0 = n threads): the
+  /// threads of the BLAS behind the SBP ops' local GEMMs (OpenBLAS), set by communicator::from_mpi.
+  /// Auto gives each rank the cores it may run on (its affinity mask) divided among the ranks of its
+  /// node, at least one — unless OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS is set,
+  /// which then rules. Without it every rank starts a BLAS thread per core, and p ranks on a node
+  /// run p times as many threads as there are cores. The setting is the BLAS library's, for the
+  /// whole process; with a BLAS other than OpenBLAS nothing is set.
+  int blas_threads = 0;
+
   // ---- engine (include/flexpar/engine/engine.hpp) ----
 
   /// FLEXPAR_FUSION_THRESHOLD (bytes; default 128 MiB; 0 disables fusion): ready allreduces of one
