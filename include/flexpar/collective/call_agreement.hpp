@@ -23,11 +23,10 @@
 //     Every message is received, so the channel stays in step: the communicator remains usable after
 //     a disagreement.
 // Cost: one segment hand-off (one node), or ceil(log2 p) latencies of a 232-byte message
-// (call_agreement_cost); doc/failures.md has the measured table.
+// (doc/collectives.md has the measured table).
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -37,7 +36,6 @@
 #include <flexpar/collective/algorithm.hpp>
 #include <flexpar/collective/allreduce_shared_memory.hpp>
 #include <flexpar/collective/context.hpp>
-#include <flexpar/collective/cost.hpp>
 #include <flexpar/collective/shared_memory_rounds.hpp>
 
 namespace flexpar {
@@ -55,14 +53,6 @@ inline std::uint32_t block_layout_digest(std::span<const std::size_t> counts) no
   for (std::size_t c : counts)
     for (int byte = 0; byte < 8; ++byte) h = (h ^ static_cast<std::uint8_t>(c >> (8 * byte))) * 16777619u;
   return h == 0 ? 1 : h;
-}
-
-/// The agreement's cost: one segment hand-off on one node, ceil(log2 p) small messages otherwise.
-constexpr cost call_agreement_cost(int p, bool one_node) noexcept {
-  if (p <= 1) return {};
-  if (one_node) return {.shm_steps = 1};
-  const auto steps = static_cast<double>(std::bit_width(static_cast<unsigned>(p - 1)));
-  return {.steps = steps, .wire_bytes = steps * 232.0};
 }
 
 namespace detail {
