@@ -1,11 +1,14 @@
 // lib/cuda/fusion.cu — the batched copy of flexpar/cuda/kernels.hpp (fusion_packer): many device regions in one launch.
 //
 // The host splits every region into units of 16 KiB and numbers them (prefix sums in the descriptor
-// table); block b takes units b, b + grid, ... and finds each unit's region by binary search on those
-// prefix sums (kernel_math.hpp: find_copy_piece). Inside a unit the block copies a scalar head, a
+// table, computed while the host writes the table: it holds the host's pointers, so no device scan is
+// needed); block b takes units b, b + grid, ... and finds each unit's region by binary search on those
+// prefix sums (libcu++'s cuda::std::upper_bound). Inside a unit the block copies a scalar head, a
 // body of 16-byte vectors and a scalar tail when source and destination share their alignment, and
 // bytes otherwise.
 #include <cuda_runtime.h>
+
+#include <cuda/std/__algorithm/upper_bound.h>
 
 #include <algorithm>
 #include <string>
@@ -49,7 +52,9 @@ __device__ inline void block_copy(std::byte* dst, const std::byte* src, std::siz
 __global__ void __launch_bounds__(block_threads)
     batched_copy_kernel(const math::copy_piece* pieces, std::size_t count, std::size_t units) {
   for (std::size_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const math::copy_piece piece = pieces[math::find_copy_piece(pieces, count, unit)];
+    // the last piece whose first unit is at most `unit` (a piece of no units shares the next one's)
+    const math::copy_piece piece = ::cuda::std::upper_bound(
+        pieces, pieces + count, unit, [](std::size_t u, const math::copy_piece& p) { return u < p.first_unit; })[-1];
     const std::size_t offset = (unit - piece.first_unit) * unit_bytes;
     const std::size_t len = piece.bytes - offset < unit_bytes ? piece.bytes - offset : unit_bytes;
     block_copy(piece.dst + offset, piece.src + offset, len);

@@ -5,7 +5,12 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <source_location>
 #include <string>
+
+#include <cub/device/device_for.cuh>
+#include <cub/util_ptx.cuh>
+#include <cub/warp/warp_reduce.cuh>
 
 #include <flexpar/core/check_cuda.hpp>
 #include <flexpar/core/error.hpp>
@@ -66,18 +71,38 @@ inline void check_bytes(const char* op, std::size_t have, std::size_t need) {
   throw usage_error(text);
 }
 
-/// Sum, min and max across a warp (every lane gets the result).
-__device__ inline float warp_min(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
+/// `op(i)` for every i of [0, count) on stream `s`: cub::DeviceFor::Bulk (one thread per index, CUB's
+/// grid), for the element-wise kernels. `what` names the kernel in the error a failed launch throws.
+template <class Op>
+void for_each_index(std::size_t count, Op op, cudaStream_t s, const char* what) {
+  if (count == 0) return;
+  const cudaError_t code = cub::DeviceFor::Bulk(count, op, s);
+  if (code != cudaSuccess) flexpar::detail::throw_cuda_failure(-1, code, what, std::source_location::current());
+  check_launch(what);
 }
-__device__ inline float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
+
+/// `v` of every lane of a full warp reduced by `op` (cub::WarpReduce), returned to every lane. A block
+/// has at most 32 warps: one TempStorage each (empty for the shuffle form CUB picks for 32 lanes).
+template <class T, class Op>
+__device__ inline T warp_reduce(T v, Op op) {
+  using reduce = cub::WarpReduce<T>;
+  __shared__ typename reduce::TempStorage storage[32];
+  const T in_lane0 = reduce(storage[threadIdx.x / 32]).Reduce(v, op);
+  return cub::ShuffleIndex<32>(in_lane0, 0, 0xffffffffu);
 }
+struct fmin_op {
+  __device__ float operator()(float a, float b) const { return fminf(a, b); }
+};
+struct fmax_op {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+/// Min and max across a warp (fminf/fmaxf: a NaN lane is ignored) and sum, every lane gets the result.
+__device__ inline float warp_min(float v) { return warp_reduce(v, fmin_op{}); }
+__device__ inline float warp_max(float v) { return warp_reduce(v, fmax_op{}); }
 __device__ inline double warp_sum(double v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
+  using reduce = cub::WarpReduce<double>;
+  __shared__ typename reduce::TempStorage storage[32];
+  return cub::ShuffleIndex<32>(reduce(storage[threadIdx.x / 32]).Sum(v), 0, 0xffffffffu);
 }
 __device__ inline bool warp_any(bool v) { return __any_sync(0xffffffffu, v) != 0; }
 

@@ -1,5 +1,6 @@
-// lib/cuda/nn.cu — flexpar/cuda/nn.hpp: the small kernels of a dense network (grid-stride loops, one
-// warp per row for the softmax).
+// lib/cuda/nn.cu — flexpar/cuda/nn.hpp: the small kernels of a dense network. The element-wise ones
+// are cub::DeviceFor::Bulk over their indices (launch.cuh: for_each_index); the softmax takes one warp
+// per row with cub::WarpReduce for its arg-max and its sum; the row gather one block per row.
 #include <flexpar/cuda/kernel_math.hpp>
 #include <flexpar/cuda/nn.hpp>
 
@@ -12,13 +13,6 @@
 namespace flexpar::cuda {
 namespace detail {
 namespace {
-
-__global__ void fill_rows_kernel(float* z, const float* row, std::size_t rows, std::size_t cols) {
-  const std::size_t total = rows * cols;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    z[i] = row[i % cols];
-}
 
 // One block per row; bytes copied four at a time where both rows are 4-byte aligned.
 __global__ void gather_rows_kernel(std::byte* dst, const std::byte* src, std::size_t row_bytes,
@@ -36,18 +30,6 @@ __global__ void gather_rows_kernel(std::byte* dst, const std::byte* src, std::si
   }
 }
 
-__global__ void relu_kernel(float* z, std::size_t n) {
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    z[i] = z[i] > 0.0f ? z[i] : 0.0f;
-}
-
-__global__ void relu_backward_kernel(const float* da, const float* a, float* dz, std::size_t n) {
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    dz[i] = a[i] > 0.0f ? da[i] : 0.0f;
-}
-
 // One warp per row: the maximum and its first index, the sum of exp(x - max) in double, then the
 // loss and (with a scale) the gradient written over the row.
 __global__ void softmax_xent_kernel(float* logits, const std::uint8_t* labels, std::size_t rows, std::size_t classes,
@@ -60,12 +42,10 @@ __global__ void softmax_xent_kernel(float* logits, const std::uint8_t* labels, s
     std::size_t arg = classes;
     for (std::size_t c = lane; c < classes; c += 32)
       if (row[c] > top) top = row[c], arg = c;  // first maximum of my lane's columns
-    for (int offset = 16; offset > 0; offset /= 2) {
-      const float other = __shfl_xor_sync(0xffffffffu, top, offset);
-      const auto other_arg =
-          static_cast<std::size_t>(__shfl_xor_sync(0xffffffffu, static_cast<unsigned long long>(arg), offset));
-      if (other > top || (other == top && other_arg < arg)) top = other, arg = other_arg;
-    }
+    // the first maximum of the row: cub::ArgMax keeps the larger value, and the smaller column on a tie
+    const auto best = warp_reduce(cub::KeyValuePair<int, float>(static_cast<int>(arg), top), cub::ArgMax{});
+    top = best.value;
+    arg = static_cast<std::size_t>(best.key);
     double total = 0;
     for (std::size_t c = lane; c < classes; c += 32) total += exp(static_cast<double>(row[c] - top));
     total = warp_sum(total);
@@ -81,19 +61,6 @@ __global__ void softmax_xent_kernel(float* logits, const std::uint8_t* labels, s
         const auto p = static_cast<float>(exp(static_cast<double>(row[c] - top) - log_total));
         row[c] = math::mul_rn(math::sub_rn(p, c == label ? 1.0f : 0.0f), scale);
       }
-  }
-}
-
-__global__ void sgd_momentum_kernel(float* weight, float* buffer, const float* gradient, std::size_t n, float lr,
-                                    float mu, float factor) {
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    float g = factor == 1.0f ? gradient[i] : math::mul_rn(gradient[i], factor);
-    if (mu != 0.0f) {
-      g = math::add_rn(math::mul_rn(mu, buffer[i]), g);
-      buffer[i] = g;
-    }
-    weight[i] = math::sub_rn(weight[i], math::mul_rn(lr, g));
   }
 }
 
@@ -114,10 +81,9 @@ void check_length(const char* op, const char* what, std::size_t have, std::size_
 void fill_rows(device_span<float> z, device_span<const float> row, std::size_t rows, std::size_t cols, cudaStream_t s) {
   detail::check_length("fill_rows", "z", z.size(), rows * cols);
   detail::check_length("fill_rows", "row", row.size(), cols);
-  if (z.empty()) return;
-  detail::fill_rows_kernel<<<detail::grid_of(&detail::fill_rows_kernel, z.size()), detail::block_threads, 0, s>>>(
-      z.data(), row.data(), rows, cols);
-  detail::check_launch("fill_rows_kernel<<<...>>>");
+  detail::for_each_index(
+      z.size(), [z = z.data(), row = row.data(), cols] __device__(std::size_t i) { z[i] = row[i % cols]; }, s,
+      "cuda::fill_rows");
 }
 
 void gather_rows(device_span<std::byte> dst, device_span<const std::byte> src, std::size_t row_bytes,
@@ -131,20 +97,17 @@ void gather_rows(device_span<std::byte> dst, device_span<const std::byte> src, s
 }
 
 void relu(device_span<float> z, cudaStream_t s) {
-  if (z.empty()) return;
-  detail::relu_kernel<<<detail::grid_of(&detail::relu_kernel, z.size()), detail::block_threads, 0, s>>>(z.data(),
-                                                                                                        z.size());
-  detail::check_launch("relu_kernel<<<...>>>");
+  detail::for_each_index(
+      z.size(), [z = z.data()] __device__(std::size_t i) { z[i] = z[i] > 0.0f ? z[i] : 0.0f; }, s, "cuda::relu");
 }
 
 void relu_backward(device_span<const float> da, device_span<const float> a, device_span<float> dz, cudaStream_t s) {
   detail::check_length("relu_backward", "a", a.size(), da.size());
   detail::check_length("relu_backward", "dz", dz.size(), da.size());
-  if (da.empty()) return;
-  detail::
-      relu_backward_kernel<<<detail::grid_of(&detail::relu_backward_kernel, da.size()), detail::block_threads, 0, s>>>(
-          da.data(), a.data(), dz.data(), da.size());
-  detail::check_launch("relu_backward_kernel<<<...>>>");
+  detail::for_each_index(
+      da.size(),
+      [da = da.data(), a = a.data(), dz = dz.data()] __device__(std::size_t i) { dz[i] = a[i] > 0.0f ? da[i] : 0.0f; },
+      s, "cuda::relu_backward");
 }
 
 void softmax_cross_entropy(device_span<float> logits, device_span<const std::uint8_t> labels, std::size_t rows,
@@ -163,14 +126,23 @@ void softmax_cross_entropy(device_span<float> logits, device_span<const std::uin
 void reset(score_sums* sums, cudaStream_t s) { FLEXPAR_CHECK_CUDA(-1, cudaMemsetAsync(sums, 0, sizeof *sums, s)); }
 
 void sgd_momentum(device_span<float> weight, device_span<float> buffer, device_span<const float> gradient,
-                  float learning_rate, float momentum, float factor, cudaStream_t s) {
+                  float learning_rate, float momentum, float factor, cudaStream_t s, float weight_decay) {
   detail::check_length("sgd_momentum", "gradient", gradient.size(), weight.size());
   if (momentum != 0.0f) detail::check_length("sgd_momentum", "buffer", buffer.size(), weight.size());
-  if (weight.empty()) return;
-  detail::sgd_momentum_kernel<<<detail::grid_of(&detail::sgd_momentum_kernel, weight.size()), detail::block_threads, 0,
-                                s>>>(weight.data(), buffer.data(), gradient.data(), weight.size(), learning_rate,
-                                     momentum, factor);
-  detail::check_launch("sgd_momentum_kernel<<<...>>>");
+  // relax::sgd's rule on factor * g, each product and sum rounded on its own (kernel_math.hpp)
+  detail::for_each_index(
+      weight.size(),
+      [w = weight.data(), buf = buffer.data(), g0 = gradient.data(), lr = learning_rate, mu = momentum, factor,
+       wd = weight_decay] __device__(std::size_t i) {
+        float g = factor == 1.0f ? g0[i] : math::mul_rn(g0[i], factor);
+        if (wd != 0.0f) g = math::add_rn(g, math::mul_rn(wd, w[i]));
+        if (mu != 0.0f) {
+          g = math::add_rn(math::mul_rn(mu, buf[i]), g);
+          buf[i] = g;
+        }
+        w[i] = math::sub_rn(w[i], math::mul_rn(lr, g));
+      },
+      s, "cuda::sgd_momentum");
 }
 
 }  // namespace flexpar::cuda

@@ -1,5 +1,5 @@
 // lib/cuda/reduce.cu — the element-wise reduction kernels of flexpar/cuda/kernels.hpp: dst = a (op) b for every dtype
-// and op, and the division that ends reduce_op::avg.
+// and op, and the division that ends reduce_op::avg; fill and the dtype conversions (cub::DeviceFor::Bulk).
 //
 // One grid-stride kernel per (type, op): the spans split into a scalar head, a body of 16-byte
 // vectors (every pointer aligned) and a scalar tail (kernel_math.hpp: split_for_vectors). Each
@@ -281,28 +281,15 @@ void reduce_many(T* dst, std::span<const T* const> sources, std::size_t count, O
   }
 }
 
-template <class T>
-__global__ void fill_kernel(T* data, T value, std::size_t count) {
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    data[i] = value;
-}
-
-template <class From, class To>
-__global__ void convert_kernel(const From* in, To* out, std::size_t count, double factor) {
-  using A = accumulate_t<To>;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    out[i] = narrow<To>(static_cast<A>(static_cast<double>(widen(in[i])) * factor));
-}
-
 template <class From, class To>
 void launch_convert(const void* in, void* out, std::size_t count, double factor, cudaStream_t s) {
-  if (count == 0) return;
-  auto* kernel = &convert_kernel<From, To>;
-  const unsigned grid = grid_for(count, static_cast<std::size_t>(block_threads), blocks_per_sm(kernel, block_threads));
-  kernel<<<grid, block_threads, 0, s>>>(static_cast<const From*>(in), static_cast<To*>(out), count, factor);
-  check_launch("convert_kernel<<<...>>>");
+  using A = accumulate_t<To>;
+  for_each_index(
+      count,
+      [in = static_cast<const From*>(in), out = static_cast<To*>(out), factor] __device__(std::size_t i) {
+        out[i] = narrow<To>(static_cast<A>(static_cast<double>(widen(in[i])) * factor));
+      },
+      s, "cuda::convert");
 }
 
 template <class T>
@@ -356,12 +343,8 @@ void reduce_into(device_span<T> dst, std::span<const device_span<const T>> sourc
 
 template <element T>
 void fill(device_span<T> data, T value, cudaStream_t s) {
-  if (data.empty()) return;
-  auto* kernel = &detail::fill_kernel<T>;
-  const unsigned grid = detail::grid_for(data.size(), static_cast<std::size_t>(detail::block_threads),
-                                         detail::blocks_per_sm(kernel, detail::block_threads));
-  kernel<<<grid, detail::block_threads, 0, s>>>(data.data(), value, data.size());
-  detail::check_launch("fill_kernel<<<...>>>");
+  detail::for_each_index(
+      data.size(), [p = data.data(), value] __device__(std::size_t i) { p[i] = value; }, s, "cuda::fill");
 }
 
 template <element T>

@@ -268,30 +268,5 @@ TEST(kernel_math, onebit_error_feedback_loses_nothing) {
   for (std::size_t i = 0; i < n; ++i) EXPECT_NEAR(sent[i], truth[i] - residual[i], 1e-3) << i;
 }
 
-// ---- fused copies -----------------------------------------------------------------------------------------
-
-TEST(kernel_math, find_copy_piece_is_a_linear_search) {
-  std::mt19937_64 rng(11);
-  for (std::size_t count : {1u, 2u, 3u, 17u, 1024u}) {
-    std::vector<copy_piece> pieces(count);
-    std::size_t units = 0;
-    for (auto& p : pieces) {
-      p.first_unit = units;
-      units += rng() % 4;  // zero units too: such a piece is never chosen
-    }
-    pieces[0].first_unit = 0;
-    for (std::size_t u = 0; u < units; ++u) {
-      std::size_t expected = 0;
-      for (std::size_t k = 0; k < count; ++k)
-        if (pieces[k].first_unit <= u) expected = k;
-      ASSERT_EQ(find_copy_piece(pieces.data(), count, u), expected) << "unit " << u << " of " << count << " pieces";
-      // the chosen piece owns the unit: the next piece starts after it
-      if (expected + 1 < count) {
-        EXPECT_GT(pieces[expected + 1].first_unit, u);
-      }
-    }
-  }
-}
-
 }  // namespace
 }  // namespace flexpar::cuda::math

@@ -10,7 +10,6 @@
 // | `split_for_vectors`             | reduce, fusion copy      | exhaustive alignments              |
 // | `minmax_scale`, `minmax_code`, `minmax_value` | min-max encode/decode | compress::minmax_uint8, bit for bit |
 // | `onebit_feedback`, `onebit_value` | 1-bit encode/decode    | compress::onebit                   |
-// | `find_copy_piece`               | fusion pack/unpack       | a linear search                    |
 //
 // Float arithmetic goes through `mul_rn`/`add_rn`/`sub_rn`/`div_rn`: on the device these are the
 // round-to-nearest intrinsics, which nvcc never contracts into a fused multiply-add, so a code
@@ -148,7 +147,7 @@ FLEXPAR_HD inline float onebit_feedback(float v, float scale) noexcept {
 /// The value a sign bit decodes to.
 FLEXPAR_HD inline float onebit_value(bool negative, float scale) noexcept { return negative ? -scale : scale; }
 
-// ---- fused copies: which piece a unit of work belongs to --------------------------------------------
+// ---- fused copies: one piece of a batched copy --------------------------------------------
 
 /// One piece of a batched copy as the device reads it: `bytes` from `src` to `dst`, split into units
 /// of work numbered from `first_unit`.
@@ -158,20 +157,5 @@ struct copy_piece {
   std::size_t bytes = 0;           ///< how many
   std::size_t first_unit = 0;      ///< the first unit of work of this piece (prefix sum of units)
 };
-
-/// Index of the piece that unit `unit` belongs to: the last piece whose first_unit <= unit (binary
-/// search; pieces with no units are skipped because their first_unit equals the next piece's).
-/// @pre count > 0, pieces sorted by first_unit, pieces[0].first_unit == 0 <= unit.
-FLEXPAR_HD inline std::size_t find_copy_piece(const copy_piece* pieces, std::size_t count, std::size_t unit) noexcept {
-  std::size_t lo = 0, hi = count;  // invariant: pieces[lo].first_unit <= unit, answer in [lo, hi)
-  while (hi - lo > 1) {
-    const std::size_t mid = lo + (hi - lo) / 2;
-    if (pieces[mid].first_unit <= unit)
-      lo = mid;
-    else
-      hi = mid;
-  }
-  return lo;
-}
 
 }  // namespace flexpar::cuda::math

@@ -8,7 +8,7 @@
 // |-----------------------------|-----------------------------------------------|--------------------|
 // | fill_rows, relu, relu_backward, gather_rows | the loops of samples/support/mlp.hpp | exact     |
 // | softmax_cross_entropy       | mlp::score (samples/support/mlp.hpp)          | float rounding (exp, log) |
-// | sgd_momentum                | relax::sgd (weight decay 0) on factor * g     | bit for bit        |
+// | sgd_momentum                | relax::sgd on factor * g                      | bit for bit        |
 //
 //   flexpar::cuda::fill_rows(z, bias, batch, out, s);       // Z = 1 b^T, then Z += A W by cuBLAS
 //   flexpar::cuda::relu(z, s);
@@ -58,12 +58,12 @@ void softmax_cross_entropy(device_span<float> logits, device_span<const std::uin
 /// Sets *sums to zero on `s`.
 void reset(score_sums* sums, cudaStream_t s);
 
-/// SGD with momentum on every element: g = factor * gradient; buffer = momentum * buffer + g;
-/// weight -= learning_rate * buffer (momentum 0: weight -= learning_rate * g, buffer untouched).
-/// Each product and sum rounded on its own (no fused multiply-add), so the weights are bit-identical
-/// to relax::sgd's applied to factor * gradient.
+/// SGD with momentum on every element: g = factor * gradient (+ weight_decay * weight);
+/// buffer = momentum * buffer + g; weight -= learning_rate * buffer (momentum 0: weight -=
+/// learning_rate * g, buffer untouched). Each product and sum rounded on its own (no fused
+/// multiply-add), so the weights are bit-identical to relax::sgd's applied to factor * gradient.
 /// @throws usage_error unless the spans have one length (buffer may be empty when momentum is 0).
 void sgd_momentum(device_span<float> weight, device_span<float> buffer, device_span<const float> gradient,
-                  float learning_rate, float momentum, float factor, cudaStream_t s);
+                  float learning_rate, float momentum, float factor, cudaStream_t s, float weight_decay = 0.0f);
 
 }  // namespace flexpar::cuda
