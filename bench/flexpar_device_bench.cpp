@@ -24,6 +24,7 @@
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/cuda/collective.hpp>
 #include <flexpar/cuda/engine.hpp>
+#include <flexpar/cuda/relax.hpp>
 #include <flexpar/engine/gradient_sync.hpp>
 
 #include "bench_cli.hpp"
@@ -161,6 +162,57 @@ int engine_rows(flexpar::communicator& comm, fc::device_communicator& gpu, int t
   return ok ? 0 : 1;
 }
 
+/// The device relaxations: one step() of each on a model of `floats` parameters (10 tensors), against
+/// one device allreduce of the same bytes on the same communicator (the issue's "each relaxation vs
+/// the device allreduce"), and its bytes sent per step. Decentralized and local algorithms are timed
+/// on a communicating step (interval 1).
+void relax_rows(fc::device_communicator& gpu, std::size_t floats, int warmup, int iterations) {
+  const int me = gpu.rank();
+  constexpr std::size_t tensors = 10;
+  const std::size_t per = std::max<std::size_t>(1, floats / tensors);
+  fc::stream s;
+  std::vector<fc::device_buffer<float>> w, g;
+  std::vector<fc::parameter> params;
+  for (std::size_t t = 0; t < tensors; ++t) {
+    w.emplace_back(per);
+    g.emplace_back(per);
+    fc::fill(w.back().span(), 0.5f, s);
+    fc::fill(g.back().span(), 0.25f + static_cast<float>(me), s);
+    params.push_back({"t" + std::to_string(t), w.back().span(), g.back().span()});
+  }
+  fc::device_buffer<float> flat(per * tensors);
+  fc::fill(flat.span(), 1.0f, s);
+  const double bare = timed(warmup, iterations, s, [&] { gpu.allreduce(flat.span(), flexpar::reduce_op::avg, s); });
+  if (me == 0) {
+    std::printf("\n# device relaxations (%d ranks): one step on %zu floats in %zu tensors\n", gpu.size(), per * tensors,
+                tensors);
+    std::printf("%-44s %11s %9s %13s\n", "algorithm", "time(us)", "vs_bare", "bytes/step");
+    std::printf("%-44s %11.1f %9.2f %13s\n", "device allreduce of the bytes (bare)", bare * 1e6, 1.0, "-");
+  }
+  fc::sgd opt({.learning_rate = 1e-6f, .momentum = 0.9f});
+  const std::vector<std::pair<std::string, std::string>> algorithms{
+      {"gradient_allreduce", ""}, {"bytegrad", ""},
+      {"decentralized", "all"},   {"decentralized", "shift_one"},
+      {"decentralized", "ring"},  {"low_precision_decentralized", ""},
+      {"local_sgd", ""},          {"qadam", ""},
+      {"onebit_adam", ""}};
+  for (const auto& [name, peers] : algorithms) {
+    flexpar::relax::options o;
+    o.interval = 1;
+    if (!peers.empty()) o.peers = peers;
+    o.warmup_steps = 0;  // the Adam family: time the compressed stage
+    auto algo = fc::make_relaxation(name, gpu, o);
+    algo->start(params, s);
+    const double t = timed(warmup, iterations, s, [&] { algo->step(params, opt, s); });
+    const auto traffic = algo->traffic_so_far();
+    const std::string label = peers.empty() ? name : name + " (" + peers + ")";
+    if (me == 0)
+      std::printf("%-44s %11.1f %9.2f %13llu\n", label.c_str(), t * 1e6, t / bare,
+                  static_cast<unsigned long long>(traffic.bytes_sent / std::max<std::uint64_t>(1, traffic.steps)));
+    algo->finish(params, s);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -171,7 +223,7 @@ int main(int argc, char** argv) {
     CLI::App app{"flexpar_device_bench: device collectives on one node, path by path, next to a device copy"};
     std::string sizes_text = "1M,16M,64M,256M", ops_text = "allreduce,reduce_scatter,allgather,alltoall,broadcast";
     int iterations = 20, warmup = 3, engine_tensors = 0;
-    std::string engine_bytes_text = "4K", parameters_text = "25M";
+    std::string engine_bytes_text = "4K", parameters_text = "25M", relax_text = "0";
     app.add_option("--sizes", sizes_text, "bytes of the whole buffer (K, M, G suffixes), comma-separated")
         ->capture_default_str();
     app.add_option("--ops", ops_text, "collectives, comma-separated")->capture_default_str();
@@ -182,6 +234,10 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("--engine-bytes", engine_bytes_text, "bytes of each of the engine's tensors")->capture_default_str();
     app.add_option("--parameters", parameters_text, "floats of gradient_sync's model (50 tensors; K, M suffixes)")
+        ->capture_default_str();
+    app.add_option("--relax", relax_text,
+                   "also time one step of each device relaxation on a model of this many floats (K, M suffixes; 0: "
+                   "none) against the device allreduce of its bytes")
         ->capture_default_str();
     try {
       app.parse(argc, argv);
@@ -220,6 +276,8 @@ int main(int argc, char** argv) {
       std::printf("%12s %-15s %-13s %11s %11s %11s %9s %9s\n", "size(B)", "collective", "path", "time(us)",
                   "algbw(GB/s)", "moved(GB/s)", "vs_copy", "copy(us)");
     fc::stream s;
+    if (const std::size_t floats = flexpar::bench::parse_size(relax_text); floats > 0)
+      relax_rows(gpu, floats, warmup, iterations);
     if (engine_tensors > 0)
       status = engine_rows(comm, gpu, engine_tensors, flexpar::bench::parse_size(engine_bytes_text),
                            flexpar::bench::parse_size(parameters_text), warmup, iterations);

@@ -37,6 +37,7 @@
 #include <flexpar/cuda/collective.hpp>
 #include <flexpar/cuda/engine.hpp>
 #include <flexpar/cuda/nn.hpp>
+#include <flexpar/cuda/relax.hpp>
 
 #include "support/fashion_mnist.hpp"
 #include "support/mlp_cuda.hpp"
@@ -47,7 +48,7 @@ namespace {
 namespace fm = flexpar::samples;
 namespace fc = flexpar::cuda;
 
-struct settings : fm::training_settings {
+struct settings : fm::training_settings, fm::relaxation_settings {
   std::string path = "automatic";
   std::string sync = "collective";
   std::string wire = "none";
@@ -139,10 +140,34 @@ int train(const settings& opt) {
     // [/snippet:device_gradient_sync]
   }
 
+  // --sync relax: a device relaxation (BAGUA's algorithms) over the per-layer parameters, SGD by cuda::sgd
+  const bool by_relaxation = opt.sync == "relax";
+  std::vector<fc::parameter> params;
+  std::unique_ptr<fc::relaxation> algo;
+  fc::sgd device_sgd({.learning_rate = opt.lr, .momentum = opt.momentum});
+  if (by_relaxation) {
+    // [snippet:device_relaxation]
+    for (std::size_t l = 0; l < model.layers(); ++l) {
+      const std::string layer = "fc" + std::to_string(l + 1);
+      params.push_back({layer + ".weight", model.weight(l), model.weight_grad(l)});
+      params.push_back({layer + ".bias", model.bias(l), model.bias_grad(l)});
+    }
+    flexpar::relax::options ropt;
+    ropt.interval = opt.interval;
+    ropt.peers = opt.peers;
+    ropt.warmup_steps = opt.warmup;
+    ropt.adam.learning_rate = opt.lr;  // onebit_adam and qadam are their own Adam (they ignore device_sgd)
+    ropt.adam.epsilon = opt.adam_epsilon;
+    algo = fc::make_relaxation(opt.algorithm, gpu, ropt);
+    algo->start(params, s);  // every rank starts from rank 0's weights
+    // [/snippet:device_relaxation]
+  }
+
   if (rank == 0) {
     const std::string how =
-        by_engine
-            ? "gradient_sync over the engine, " + opt.wire + " on the wire"
+        by_engine ? "gradient_sync over the engine, " + opt.wire + " on the wire"
+        : by_relaxation
+            ? "the device relaxation " + opt.algorithm
             : "one allreduce per step on path " + std::string(fc::name_of(path)) + " (automatic: " +
                   std::string(fc::name_of(gpu.choose("allreduce", model.parameters().size() * sizeof(float)).path)) +
                   ")";
@@ -192,6 +217,17 @@ int train(const settings& opt) {
                       px * sizeof(float), rows, s);
       fc::gather_rows(batch_y.span().as_bytes(), fc::device_span<const std::uint8_t>(train_d.y.span()).as_bytes(), 1,
                       rows, s);
+      const float factor = fm::schedule_factor(opt.schedule, step_index, total_steps);
+      if (by_relaxation) {
+        // [snippet:device_relaxation_step]
+        model.train_step(fc::device_span<const float>(batch_x.span()),
+                         fc::device_span<const std::uint8_t>(batch_y.span()), opt.batch, sums.data(), s);
+        device_sgd.set_factor(factor);      // the cosine schedule
+        algo->step(params, device_sgd, s);  // after the backward pass queued on s: communicate, apply SGD
+        // [/snippet:device_relaxation_step]
+        if (k % 64 == 63) gpu.synchronize(s, "fashion_mnist_gpu: a training step");
+        continue;
+      }
       if (!by_engine) {
         model.train_step(fc::device_span<const float>(batch_x.span()),
                          fc::device_span<const std::uint8_t>(batch_y.span()), opt.batch, sums.data(), s);
@@ -207,7 +243,6 @@ int train(const settings& opt) {
         fc::synchronize(*sync, s);  // s waits for the averaged gradients, on the device: no host wait
         // [/snippet:device_backward]
       }
-      const float factor = fm::schedule_factor(opt.schedule, step_index, total_steps);
       fc::sgd_momentum(model.parameters(), momentum.span(), fc::device_span<const float>(model.gradients()), opt.lr,
                        opt.momentum, factor, s);
       if (k % 64 == 63) gpu.synchronize(s, "fashion_mnist_gpu: a training step");  // at most 64 steps queued
@@ -225,6 +260,7 @@ int train(const settings& opt) {
     std::fflush(stdout);
   }
 
+  if (algo) algo->finish(params, s);  // decentralized and local algorithms: one consensus model
   // Every rank must hold the same weights: compare each rank's bytes with rank 0's on every rank.
   std::vector<float> mine(model.parameters().size());
   fc::copy_async(std::span<float>(mine), fc::device_span<const float>(model.parameters()), s);
@@ -254,10 +290,15 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"automatic", "nccl", "ring", "ipc", "staged"}));
   app.add_option("--sync", opt.sync,
-                 "how gradients are averaged: collective (one device allreduce of all per step) or engine "
-                 "(gradient_sync over the engine, per layer, during the backward pass)")
+                 "how gradients are averaged: collective (one device allreduce of all per step), engine "
+                 "(gradient_sync over the engine, per layer, during the backward pass) or relax (the device "
+                 "relaxation --algorithm)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"collective", "engine"}));
+      ->check(CLI::IsMember({"collective", "engine", "relax"}));
+  fm::add_relaxation_options(app, opt,
+                             "with --sync relax: gradient_allreduce, bytegrad, local_sgd, decentralized, "
+                             "low_precision_decentralized, onebit_adam, qadam (these two are their own Adam: --lr is "
+                             "Adam's)");
   app.add_option("--wire", opt.wire, "with --sync engine: what the gradients travel as, none (f32) or bf16")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "bf16"}));

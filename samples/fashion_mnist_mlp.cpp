@@ -61,13 +61,8 @@ namespace {
 
 namespace fm = flexpar::samples;
 
-struct settings : fm::training_settings {
-  std::string algorithm = "gradient_allreduce";
+struct settings : fm::training_settings, fm::relaxation_settings {
   std::string optimizer = "sgd";
-  int interval = 1;
-  std::string peers = flexpar::relax::options{}.peers;
-  int warmup = 100;
-  float adam_epsilon = flexpar::relax::adam_options{}.epsilon;
   std::string checkpoint;  // directory; empty: no checkpoints
   std::size_t every = 0;   // steps between checkpoints; 0: at the end only
   bool resume = false;
@@ -353,18 +348,11 @@ int main(int argc, char** argv) {
   CLI::App app{"fashion_mnist_mlp: data-parallel MLP on Fashion-MNIST with a flexpar relaxation"};
   std::string names;
   for (std::string_view n : flexpar::relax::algorithm_names()) names.append(names.empty() ? "" : ", ").append(n);
-  app.add_option("--algorithm", opt.algorithm, names)->capture_default_str();
+  fm::add_relaxation_options(app, opt, names);
   fm::add_training_options(app, opt, "cosine (decay to 0 over the run; sgd only) or constant");
   app.add_option("--optimizer", opt.optimizer, "sgd or adam")
       ->capture_default_str()
       ->check(CLI::IsMember({"sgd", "adam"}));
-  app.add_option("--interval", opt.interval, "communication interval k (decentralized, local_sgd)")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--peers", opt.peers, "decentralized peers: all, shift_one, ring")->capture_default_str();
-  app.add_option("--adam-epsilon", opt.adam_epsilon, "Adam's epsilon (adam, onebit_adam, qadam)")
-      ->capture_default_str();
-  app.add_option("--warmup", opt.warmup, "onebit_adam, qadam: full-precision Adam steps first")->capture_default_str();
   auto* checkpoint = app.add_option("--checkpoint", opt.checkpoint,
                                     "save checkpoints to this directory (gradient_allreduce, bytegrad)");
   app.add_option("--every", opt.every, "steps between checkpoints (0: at the end only)")

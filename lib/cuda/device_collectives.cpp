@@ -79,6 +79,7 @@ device_communicator& device_communicator::operator=(device_communicator&&) noexc
 int device_communicator::rank() const noexcept { return s_->host->rank(); }
 int device_communicator::size() const noexcept { return s_->host->size(); }
 int device_communicator::device() const noexcept { return s_->device; }
+communicator& device_communicator::host() const noexcept { return *s_->host; }
 bool device_communicator::has_nccl() const noexcept {
 #if FLEXPAR_HAVE_NCCL
   return s_->nccl.has_value();

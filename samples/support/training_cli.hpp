@@ -36,6 +36,27 @@ struct training_settings {
   std::string data_dir = fashion_mnist_default_dir().string();
 };
 
+/// The settings of a relaxation (relax::make, cuda::make_relaxation) the samples take.
+struct relaxation_settings {
+  std::string algorithm = "gradient_allreduce";
+  int interval = 1;
+  std::string peers = "shift_one";
+  int warmup = 100;
+  float adam_epsilon = 1e-8f;
+};
+
+/// Adds --algorithm (`names`: the algorithms this sample runs), --interval, --peers, --warmup and
+/// --adam-epsilon to `app`.
+inline void add_relaxation_options(CLI::App& app, relaxation_settings& r, const std::string& names) {
+  app.add_option("--algorithm", r.algorithm, names)->capture_default_str();
+  app.add_option("--interval", r.interval, "communication interval k (decentralized, local_sgd)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--peers", r.peers, "decentralized peers: all, shift_one, ring")->capture_default_str();
+  app.add_option("--adam-epsilon", r.adam_epsilon, "Adam's epsilon (adam, onebit_adam, qadam)")->capture_default_str();
+  app.add_option("--warmup", r.warmup, "onebit_adam, qadam: full-precision Adam steps first")->capture_default_str();
+}
+
 /// Adds the options of training_settings to `app` (defaults shown by --help). `schedule_help`
 /// describes --schedule for this sample.
 inline void add_training_options(CLI::App& app, training_settings& t, const std::string& schedule_help) {

@@ -132,6 +132,8 @@ class device_communicator {
   [[nodiscard]] int rank() const noexcept;    ///< this rank
   [[nodiscard]] int size() const noexcept;    ///< ranks
   [[nodiscard]] int device() const noexcept;  ///< this rank's GPU
+  /// The host communicator it was made over (its ranks, deadlines and transport).
+  [[nodiscard]] communicator& host() const noexcept;
   /// True when the NCCL path exists (built with NCCL and options.use_nccl).
   [[nodiscard]] bool has_nccl() const noexcept;
   /// True when the ipc path exists (options.use_ipc, every rank on one node, and every rank could

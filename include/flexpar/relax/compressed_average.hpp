@@ -27,63 +27,128 @@
 
 namespace flexpar::relax::detail {
 
+/// The steps of the compressed average (file header), written once for every memory kind. `Memory`
+/// holds the buffers and the data, and does each step's work where they live (host_steps below; the
+/// GPU's in flexpar/cuda/relax.hpp). Partition j is block j of block_layout::even(n, p); `first` and
+/// `count` below are elements of the data, `bytes` are encoded bytes. Memory provides:
+///   std::size_t encoded_size(std::size_t count) const;      E(count)
+///   void size(const std::vector<std::size_t>& bytes, std::size_t widest, std::size_t mine);
+///   void encode_part(int j, std::size_t first, std::size_t count);         step 1, into send slot j
+///   std::uint64_t exchange_parts();           step 2: alltoall of the slots; returns the bytes sent
+///   void reduce_mine(int i, std::size_t bytes, std::size_t count);  step 3: my partition += decode(slot i)
+///   void average(int p);                      step 3: divide my partition by p
+///   void encode_reduced();                    step 4: into my part of the gathered bytes
+///   std::uint64_t gather_reduced();           step 5: every rank's reduced partition; bytes sent
+///   void decode_part(int j, std::size_t first, std::size_t count);         step 6: into the data
+/// Returns the bytes this rank handed to the transport.
+template <class Memory>
+std::uint64_t compressed_average_steps(Memory& m, std::size_t n, int p, int me) {
+  const auto pp = static_cast<std::size_t>(p);
+  const block_layout parts = block_layout::even(n, p);
+  std::vector<std::size_t> enc(pp);
+  std::size_t widest = 0;
+  for (std::size_t j = 0; j < pp; ++j) {
+    enc[j] = m.encoded_size(parts.counts[j]);
+    widest = std::max(widest, enc[j]);
+  }
+  const std::size_t mine = parts.count(me);
+  m.size(enc, widest, mine);
+  // steps 1-2: encode each partition for its owner, exchange.
+  for (int j = 0; j < p; ++j) m.encode_part(j, parts.displs[static_cast<std::size_t>(j)], parts.count(j));
+  std::uint64_t sent = m.exchange_parts();
+  // step 3: reduce my partition: every rank's version of it in rank order, then / p.
+  for (int i = 0; i < p; ++i) m.reduce_mine(i, enc[static_cast<std::size_t>(me)], mine);
+  m.average(p);
+  // steps 4-5: encode my reduced partition, gather everyone's.
+  m.encode_reduced();
+  sent += m.gather_reduced();
+  // step 6: decode everything.
+  for (int j = 0; j < p; ++j) m.decode_part(j, parts.displs[static_cast<std::size_t>(j)], parts.count(j));
+  return p == 1 ? 0 : sent;
+}
+
 /// Reusable buffers of compressed_average (kept by the algorithm between steps).
 struct compressed_scratch {
   std::vector<std::uint8_t> send, recv, gathered;  ///< encoded bytes of steps 2 and 5
   std::vector<float> acc, tmp;                     ///< my partition while it is reduced
 };
 
-/// Collective: `data` becomes the compressed average over every rank (file header); returns the bytes
-/// this rank handed to the transport. The codec provides:
+/// compressed_average_steps' memory for host data: the collectives over `comm`, a ring allgather_v of
+/// the exact encoded sizes in step 5. The codec provides:
 ///   std::size_t encoded_size(std::size_t n) const;
 ///   void encode(int partition, std::span<const float> in, std::span<std::byte> out);
 ///   void encode_reduced(std::span<const float> in, std::span<std::byte> out);
 ///   void decode(std::span<const std::byte> in, std::span<float> out) const;
 template <class Codec>
+class host_steps {
+ public:
+  host_steps(communicator& comm, std::span<float> data, Codec& codec, compressed_scratch& s)
+      : comm_(comm), data_(data), codec_(codec), s_(s) {}
+
+  [[nodiscard]] std::size_t encoded_size(std::size_t count) const { return codec_.encoded_size(count); }
+  void size(const std::vector<std::size_t>& bytes, std::size_t widest, std::size_t mine) {
+    enc_ = bytes;
+    widest_ = widest;
+    s_.send.assign(enc_.size() * widest, 0);
+    s_.recv.assign(enc_.size() * widest, 0);
+    s_.acc.assign(mine, 0.0f);
+    s_.tmp.assign(mine, 0.0f);
+    gathered_ = block_layout::of_counts(enc_);
+    s_.gathered.assign(gathered_.total, 0);
+  }
+  void encode_part(int j, std::size_t first, std::size_t count) {
+    codec_.encode(j, std::span<const float>(data_).subspan(first, count), slot(s_.send, j, enc_[idx(j)]));
+  }
+  std::uint64_t exchange_parts() {
+    flexpar::alltoall(comm_, std::span<const std::uint8_t>(s_.send), std::span<std::uint8_t>(s_.recv),
+                      flexpar::algorithm::pairwise);
+    return static_cast<std::uint64_t>(enc_.size() - 1) * widest_;
+  }
+  void reduce_mine(int i, std::size_t bytes, std::size_t count) {
+    const auto in = std::as_bytes(std::span<const std::uint8_t>(s_.recv).subspan(idx(i) * widest_, bytes));
+    if (i == 0) return codec_.decode(in, std::span<float>(s_.acc));
+    codec_.decode(in, std::span<float>(s_.tmp));
+    for (std::size_t k = 0; k < count; ++k) s_.acc[k] += s_.tmp[k];
+  }
+  void average(int p) {
+    const auto divisor = static_cast<float>(p);
+    for (float& v : s_.acc) v = v / divisor;
+  }
+  void encode_reduced() {
+    codec_.encode_reduced(s_.acc, std::as_writable_bytes(gathered_.of(std::span<std::uint8_t>(s_.gathered), me())));
+  }
+  std::uint64_t gather_reduced() {
+    flexpar::allgather_v(comm_, std::span<std::uint8_t>(s_.gathered), std::span<const std::size_t>(enc_),
+                         flexpar::algorithm::ring);
+    return gathered_.total - enc_[static_cast<std::size_t>((me() + 1) % comm_.size())];
+  }
+  void decode_part(int j, std::size_t first, std::size_t count) {
+    codec_.decode(std::as_bytes(gathered_.of(std::span<const std::uint8_t>(s_.gathered), j)),
+                  data_.subspan(first, count));
+  }
+
+ private:
+  static std::size_t idx(int j) { return static_cast<std::size_t>(j); }
+  [[nodiscard]] int me() const { return comm_.rank(); }
+  std::span<std::byte> slot(std::vector<std::uint8_t>& v, int j, std::size_t bytes) const {
+    return std::as_writable_bytes(std::span<std::uint8_t>(v).subspan(idx(j) * widest_, bytes));
+  }
+
+  communicator& comm_;
+  std::span<float> data_;
+  Codec& codec_;
+  compressed_scratch& s_;
+  std::vector<std::size_t> enc_;
+  std::size_t widest_ = 0;
+  block_layout gathered_;
+};
+
+/// Collective: `data` becomes the compressed average over every rank (file header); returns the bytes
+/// this rank handed to the transport. The codec: host_steps.
+template <class Codec>
 std::uint64_t compressed_average(communicator& comm, std::span<float> data, Codec& codec, compressed_scratch& s) {
-  const int p = comm.size(), me = comm.rank();
-  const auto pp = static_cast<std::size_t>(p);
-  const block_layout parts = block_layout::even(data.size(), p);
-  std::vector<std::size_t> enc(pp);
-  std::size_t widest = 0;
-  for (std::size_t j = 0; j < pp; ++j) {
-    enc[j] = codec.encoded_size(parts.counts[j]);
-    widest = std::max(widest, enc[j]);
-  }
-  // steps 1-2: encode each partition for its owner, exchange.
-  s.send.assign(pp * widest, 0);
-  s.recv.assign(pp * widest, 0);
-  for (int j = 0; j < p; ++j) {
-    auto out = std::as_writable_bytes(std::span<std::uint8_t>(s.send).subspan(static_cast<std::size_t>(j) * widest,
-                                                                              enc[static_cast<std::size_t>(j)]));
-    codec.encode(j, parts.of(std::span<const float>(data), j), out);
-  }
-  flexpar::alltoall(comm, std::span<const std::uint8_t>(s.send), std::span<std::uint8_t>(s.recv),
-                    flexpar::algorithm::pairwise);
-  // step 3: reduce my partition.
-  const std::size_t mine = parts.count(me);
-  s.acc.assign(mine, 0.0f);
-  s.tmp.assign(mine, 0.0f);
-  for (std::size_t i = 0; i < pp; ++i) {
-    auto in =
-        std::as_bytes(std::span<const std::uint8_t>(s.recv).subspan(i * widest, enc[static_cast<std::size_t>(me)]));
-    codec.decode(in, i == 0 ? std::span<float>(s.acc) : std::span<float>(s.tmp));
-    if (i > 0)
-      for (std::size_t k = 0; k < mine; ++k) s.acc[k] += s.tmp[k];
-  }
-  const auto divisor = static_cast<float>(p);
-  for (float& v : s.acc) v = v / divisor;
-  // steps 4-5: encode my reduced partition, gather everyone's.
-  const block_layout gathered = block_layout::of_counts(enc);
-  s.gathered.assign(gathered.total, 0);
-  codec.encode_reduced(s.acc, std::as_writable_bytes(gathered.of(std::span<std::uint8_t>(s.gathered), me)));
-  flexpar::allgather_v(comm, std::span<std::uint8_t>(s.gathered), std::span<const std::size_t>(enc),
-                       flexpar::algorithm::ring);
-  // step 6: decode everything.
-  for (int j = 0; j < p; ++j)
-    codec.decode(std::as_bytes(gathered.of(std::span<const std::uint8_t>(s.gathered), j)), parts.of(data, j));
-  if (p == 1) return 0;
-  return static_cast<std::uint64_t>(pp - 1) * widest + (gathered.total - enc[static_cast<std::size_t>((me + 1) % p)]);
+  host_steps<Codec> m(comm, data, codec, s);
+  return compressed_average_steps(m, data.size(), comm.size(), comm.rank());
 }
 
 /// Bytes compressed_average makes one rank send for an encoding of E bytes of the whole model.

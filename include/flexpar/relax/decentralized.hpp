@@ -30,7 +30,7 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/flat_model.hpp>
+#include <flexpar/relax/host_model.hpp>
 #include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
@@ -70,17 +70,84 @@ constexpr int shift_one_peer(int rank, int p, std::uint64_t round) noexcept {
   return peer >= p ? -1 : peer;
 }
 
+namespace detail {
+/// decentralized's steps over any Model (host_model.hpp: host or device memory; file header).
+class decentralized_rule {
+ public:
+  /// @throws usage_error (naming `rank`) if interval < 1.
+  decentralized_rule(int rank, peer_selection peers, int interval) : peers_(peers), interval_(interval) {
+    if (interval < 1)
+      throw usage_error(where(rank, "decentralized", "make") + "communication interval " + std::to_string(interval) +
+                        " must be at least 1");
+  }
+  template <class Model, class Params>
+  void start(Model& m, Params params) {
+    m.start("decentralized", params, peers_ != peer_selection::all);
+    steps_ = 0;
+    identical_ = true;
+  }
+  template <class Model, class Params, class Opt>
+  void step(Model& m, Params params, Opt& opt) {
+    m.check("step", params);
+    m.apply(params, opt);
+    ++steps_;
+    ++traffic_.steps;
+    if (steps_ % static_cast<std::uint64_t>(interval_) != 0) {
+      identical_ = m.size() == 1;
+      return;
+    }
+    exchange(m, params, steps_ / static_cast<std::uint64_t>(interval_) - 1);
+  }
+  template <class Model, class Params>
+  void finish(Model& m, Params params) {
+    m.check("finish", params);
+    if (identical_ || m.size() == 1) return;
+    traffic_.bytes_sent += m.average_weights(params);
+    identical_ = true;
+  }
+  [[nodiscard]] const traffic& so_far() const noexcept { return traffic_; }
+
+ private:
+  // Averages the weights with the peers of `round` (file header).
+  template <class Model, class Params>
+  void exchange(Model& m, Params params, std::uint64_t round) {
+    const int p = m.size(), me = m.rank();
+    identical_ = p == 1;
+    if (p == 1) return;
+    if (peers_ == peer_selection::all) {
+      traffic_.bytes_sent += m.average_weights(params);
+      ++traffic_.exchanges;
+      identical_ = true;
+      return;
+    }
+    std::vector<int> peers;
+    if (peers_ == peer_selection::shift_one) {
+      const int peer = shift_one_peer(me, p, round);
+      if (peer < 0) return;  // sitting out this round
+      peers.push_back(peer);
+    } else {
+      peers.push_back((me + p - 1) % p);
+      if (p > 2) peers.push_back((me + 1) % p);
+    }
+    traffic_.bytes_sent += m.exchange_weights(params, std::span<const int>(peers));
+    ++traffic_.exchanges;
+  }
+
+  peer_selection peers_;
+  int interval_;
+  std::uint64_t steps_ = 0;
+  bool identical_ = true;
+  traffic traffic_;
+};
+}  // namespace detail
+
 /// Local steps, then weight averaging with peers every `interval` steps (file header).
-class decentralized final : public relaxation {
+class decentralized final : public detail::host_ruled<detail::decentralized_rule> {
  public:
   /// Over `comm` (kept by reference; it must outlive this object).
   /// @throws usage_error if interval < 1.
   decentralized(communicator& comm, peer_selection peers = peer_selection::shift_one, int interval = 1)
-      : comm_(comm), peers_(peers), interval_(interval) {
-    if (interval < 1)
-      throw usage_error(detail::where(comm.rank(), "decentralized", "make") + "communication interval " +
-                        std::to_string(interval) + " must be at least 1");
-  }
+      : host_ruled(comm, peers, interval) {}
 
   /// Bytes one rank sends on a communicating step for a model of `model_bytes` on `p` ranks
   /// (shift_one: of a rank that does not sit out).
@@ -95,94 +162,6 @@ class decentralized final : public relaxation {
   }
 
   [[nodiscard]] std::string_view name() const noexcept override { return "decentralized"; }
-
-  void start(std::span<const parameter> params) override {
-    model_.bind(comm_, name(), params);
-    model_.broadcast_weights(comm_, params);
-    mine_.assign(model_.size(), 0.0f);
-    if (peers_ != peer_selection::all) links_ = comm_.split(0, comm_.rank());  // p2p messages of our own
-    steps_ = 0;
-    identical_ = true;
-  }
-
-  void step(std::span<const parameter> params, optimizer& opt) override {
-    model_.check(comm_.rank(), "step", params);
-    for (std::size_t i = 0; i < params.size(); ++i) opt.apply(i, params[i].weight, params[i].gradient);
-    ++steps_;
-    ++traffic_.steps;
-    if (steps_ % static_cast<std::uint64_t>(interval_) != 0) {
-      identical_ = comm_.size() == 1;
-      return;
-    }
-    const std::uint64_t round = steps_ / static_cast<std::uint64_t>(interval_) - 1;
-    model_.gather_weights(params, mine_);
-    exchange(round);
-    model_.scatter_weights(mine_, params);
-  }
-
-  void finish(std::span<const parameter> params) override {
-    model_.check(comm_.rank(), "finish", params);
-    if (identical_ || comm_.size() == 1) return;
-    model_.gather_weights(params, mine_);
-    flexpar::allreduce(comm_, std::span<float>(mine_), reduce_op::avg);
-    traffic_.bytes_sent += detail::ring_allreduce_bytes(mine_.size(), comm_.size());
-    model_.scatter_weights(mine_, params);
-    identical_ = true;
-  }
-
-  [[nodiscard]] traffic traffic_so_far() const noexcept override { return traffic_; }
-
- private:
-  // Averages mine_ with the peers of `round` (file header).
-  void exchange(std::uint64_t round) {
-    const int p = comm_.size(), me = comm_.rank();
-    identical_ = p == 1;
-    if (p == 1) return;
-    if (peers_ == peer_selection::all) {
-      flexpar::allreduce(comm_, std::span<float>(mine_), reduce_op::avg);
-      traffic_.bytes_sent += detail::ring_allreduce_bytes(mine_.size(), p);
-      ++traffic_.exchanges;
-      identical_ = true;
-      return;
-    }
-    std::vector<int> peers;
-    if (peers_ == peer_selection::shift_one) {
-      const int peer = shift_one_peer(me, p, round);
-      if (peer < 0) return;  // sitting out this round
-      peers.push_back(peer);
-    } else {
-      peers.push_back((me + p - 1) % p);
-      if (p > 2) peers.push_back((me + 1) % p);
-    }
-    theirs_.resize(peers.size());
-    std::vector<request> requests;
-    transport& t = links_->transport();
-    for (std::size_t i = 0; i < peers.size(); ++i) {
-      theirs_[i].resize(mine_.size());
-      requests.push_back(t.irecv(peers[i], 0, std::as_writable_bytes(std::span<float>(theirs_[i]))));
-    }
-    for (int peer : peers) requests.push_back(t.isend(peer, 0, std::as_bytes(std::span<const float>(mine_))));
-    wait_all(requests, links_->default_deadline());
-    const float divisor = static_cast<float>(peers.size() + 1);
-    for (std::size_t k = 0; k < mine_.size(); ++k) {
-      float sum = mine_[k];
-      for (const auto& other : theirs_) sum += other[k];
-      mine_[k] = sum / divisor;
-    }
-    traffic_.bytes_sent += peers.size() * mine_.size() * sizeof(float);
-    ++traffic_.exchanges;
-  }
-
-  communicator& comm_;
-  peer_selection peers_;
-  int interval_;
-  detail::flat_model model_;
-  std::optional<communicator> links_;
-  std::vector<float> mine_;
-  std::vector<std::vector<float>> theirs_;
-  std::uint64_t steps_ = 0;
-  bool identical_ = true;
-  traffic traffic_;
 };
 
 }  // namespace flexpar::relax

@@ -43,7 +43,10 @@ class flat_model {
   /// Collective over `comm`: checks that every rank passes the same list (count, names, lengths) and
   /// that weight and gradient lengths agree, then records the layout.
   /// @throws usage_error on every rank, naming the first mismatching rank and tensor and both sides.
-  void bind(communicator& comm, std::string_view algo, std::span<const parameter> params) {
+  /// `Param`: relax::parameter, or any type with a `name` and `weight` and `gradient` that have a
+  /// size() (cuda::parameter: the device relaxations bind through this same check).
+  template <class Param>
+  void bind(communicator& comm, std::string_view algo, std::span<const Param> params) {
     algo_ = std::string(algo);
     enum : std::size_t { count, total, names, lengths, bad_index, bad_weight, bad_gradient, fields };
     std::vector<std::int64_t> mine(fields, 0);
@@ -51,7 +54,7 @@ class flat_model {
     std::int64_t bad = -1, bad_w = 0, bad_g = 0;
     std::size_t n = 0;
     for (std::size_t i = 0; i < params.size(); ++i) {
-      const parameter& p = params[i];
+      const Param& p = params[i];
       name_hash = fnv1a(p.name, name_hash);
       name_hash = fnv1a(std::string_view("\0", 1), name_hash);
       length_hash = fnv1a(std::to_string(p.weight.size()).append(","), length_hash);
@@ -114,7 +117,7 @@ class flat_model {
     sizes_.clear();
     offsets_.clear();
     std::size_t offset = 0;
-    for (const parameter& q : params) {
+    for (const Param& q : params) {
       sizes_.push_back(q.weight.size());
       offsets_.push_back(offset);
       offset += q.weight.size();
@@ -124,7 +127,8 @@ class flat_model {
 
   /// Local: the list has the count and lengths bind() saw, and weight and gradient lengths agree.
   /// @throws usage_error naming the rank, the algorithm, the tensor and both sizes.
-  void check(int rank, std::string_view op, std::span<const parameter> params) const {
+  template <class Param>
+  void check(int rank, std::string_view op, std::span<const Param> params) const {
     const std::string at = where(rank, algo_, op);
     if (params.size() != sizes_.size()) {
       std::string text(at);
@@ -134,7 +138,7 @@ class flat_model {
       throw usage_error(text);
     }
     for (std::size_t i = 0; i < params.size(); ++i) {
-      const parameter& p = params[i];
+      const Param& p = params[i];
       if (p.weight.size() != sizes_[i] || p.gradient.size() != sizes_[i]) {
         std::string text(at);
         text.append("parameter ")
@@ -193,7 +197,8 @@ class flat_model {
   [[nodiscard]] std::ptrdiff_t offset_of(std::size_t i) const { return static_cast<std::ptrdiff_t>(offsets_[i]); }
 
   // Counts agree but names or lengths do not: find the first such tensor (collective, all ranks).
-  static void report_tensor_mismatch(communicator& comm, std::span<const parameter> params, const std::string& at) {
+  template <class Param>
+  static void report_tensor_mismatch(communicator& comm, std::span<const Param> params, const std::string& at) {
     const std::size_t k = params.size();
     std::vector<std::int64_t> mine(2 * k), all(2 * k * static_cast<std::size_t>(comm.size()));
     for (std::size_t i = 0; i < k; ++i) {

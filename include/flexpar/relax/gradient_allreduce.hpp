@@ -17,10 +17,22 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/flat_model.hpp>
+#include <flexpar/relax/host_model.hpp>
 #include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
+
+namespace detail {
+/// One step of gradient_allreduce over any Model (host_model.hpp: host or device memory).
+template <class Model, class Params, class Opt>
+void gradient_allreduce_step(Model& m, Params params, Opt& opt, flexpar::algorithm how, traffic& t) {
+  m.check("step", params);
+  t.bytes_sent += m.average_gradients(params, how);
+  m.apply(params, opt);
+  ++t.steps;
+  ++t.exchanges;
+}
+}  // namespace detail
 
 /// Average gradients with one fused allreduce per step (file header: pattern, bytes).
 class gradient_allreduce final : public relaxation {
@@ -28,7 +40,7 @@ class gradient_allreduce final : public relaxation {
   /// Over `comm` (kept by reference; it must outlive this object). `hierarchical` selects the
   /// two-level allreduce (needs every node to hold the same number of ranks).
   explicit gradient_allreduce(communicator& comm, bool hierarchical = false)
-      : comm_(comm), hierarchical_(hierarchical) {}
+      : model_(comm), hierarchical_(hierarchical) {}
 
   /// Bytes one rank sends per step for a model of `model_bytes` on `p` ranks.
   static constexpr double wire_bytes(double model_bytes, int p) noexcept {
@@ -37,33 +49,21 @@ class gradient_allreduce final : public relaxation {
 
   [[nodiscard]] std::string_view name() const noexcept override { return "gradient_allreduce"; }
 
-  void start(std::span<const parameter> params) override {
-    model_.bind(comm_, name(), params);
-    model_.broadcast_weights(comm_, params);
-    flat_.assign(model_.size(), 0.0f);
-  }
+  void start(std::span<const parameter> params) override { model_.start(name(), params, false); }
 
   void step(std::span<const parameter> params, optimizer& opt) override {
-    model_.check(comm_.rank(), "step", params);
-    model_.gather_gradients(params, flat_);
-    flexpar::allreduce(comm_, std::span<float>(flat_), reduce_op::avg,
-                       hierarchical_ ? flexpar::algorithm::hierarchical : flexpar::algorithm::automatic);
-    model_.scatter_gradients(flat_, params);
-    for (std::size_t i = 0; i < params.size(); ++i) opt.apply(i, params[i].weight, params[i].gradient);
-    traffic_.bytes_sent += detail::ring_allreduce_bytes(flat_.size(), comm_.size());
-    ++traffic_.steps;
-    ++traffic_.exchanges;
+    detail::gradient_allreduce_step(model_, params, opt,
+                                    hierarchical_ ? flexpar::algorithm::hierarchical : flexpar::algorithm::automatic,
+                                    traffic_);
   }
 
-  void finish(std::span<const parameter> params) override { model_.check(comm_.rank(), "finish", params); }
+  void finish(std::span<const parameter> params) override { model_.check("finish", params); }
 
   [[nodiscard]] traffic traffic_so_far() const noexcept override { return traffic_; }
 
  private:
-  communicator& comm_;
+  detail::host_model model_;
   bool hierarchical_;
-  detail::flat_model model_;
-  std::vector<float> flat_;
   traffic traffic_;
 };
 

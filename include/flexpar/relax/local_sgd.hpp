@@ -18,66 +18,65 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
-#include <flexpar/relax/flat_model.hpp>
+#include <flexpar/relax/host_model.hpp>
 #include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax {
 
-/// Local steps; weights averaged every `interval` steps (file header).
-class local_sgd final : public relaxation {
+namespace detail {
+/// local_sgd's steps over any Model (host_model.hpp: host or device memory; file header).
+class local_sgd_rule {
  public:
-  /// Over `comm` (kept by reference; it must outlive this object). @throws usage_error if interval < 1.
-  explicit local_sgd(communicator& comm, int interval = 4) : comm_(comm), interval_(interval) {
+  /// @throws usage_error (naming `rank`) if interval < 1.
+  local_sgd_rule(int rank, int interval) : interval_(interval) {
     if (interval < 1)
-      throw usage_error(detail::where(comm.rank(), "local_sgd", "make") + "interval " + std::to_string(interval) +
+      throw usage_error(where(rank, "local_sgd", "make") + "interval " + std::to_string(interval) +
                         " must be at least 1");
   }
+  template <class Model, class Params>
+  void start(Model& m, Params params) {
+    m.start("local_sgd", params, false);
+    since_average_ = 0;
+  }
+  template <class Model, class Params, class Opt>
+  void step(Model& m, Params params, Opt& opt) {
+    m.check("step", params);
+    m.apply(params, opt);
+    ++traffic_.steps;
+    if (++since_average_ == interval_) average(m, params);
+  }
+  template <class Model, class Params>
+  void finish(Model& m, Params params) {
+    m.check("finish", params);
+    if (since_average_ > 0) average(m, params);
+  }
+  [[nodiscard]] const traffic& so_far() const noexcept { return traffic_; }
 
+ private:
+  template <class Model, class Params>
+  void average(Model& m, Params params) {
+    since_average_ = 0;
+    if (m.size() == 1) return;
+    traffic_.bytes_sent += m.average_weights(params);
+    ++traffic_.exchanges;
+  }
+
+  int interval_;
+  int since_average_ = 0;
+  traffic traffic_;
+};
+}  // namespace detail
+
+/// Local steps; weights averaged every `interval` steps (file header).
+class local_sgd final : public detail::host_ruled<detail::local_sgd_rule> {
+ public:
+  /// Over `comm` (kept by reference; it must outlive this object). @throws usage_error if interval < 1.
+  explicit local_sgd(communicator& comm, int interval = 4) : host_ruled(comm, interval) {}
   /// Bytes one rank sends per step, averaged over `interval` steps, for a model of `model_bytes`.
   static constexpr double wire_bytes(double model_bytes, int p, int interval) noexcept {
     return p <= 1 ? 0.0 : 2.0 * (p - 1) / p * model_bytes / interval;
   }
-
   [[nodiscard]] std::string_view name() const noexcept override { return "local_sgd"; }
-
-  void start(std::span<const parameter> params) override {
-    model_.bind(comm_, name(), params);
-    model_.broadcast_weights(comm_, params);
-    flat_.assign(model_.size(), 0.0f);
-    since_average_ = 0;
-  }
-
-  void step(std::span<const parameter> params, optimizer& opt) override {
-    model_.check(comm_.rank(), "step", params);
-    for (std::size_t i = 0; i < params.size(); ++i) opt.apply(i, params[i].weight, params[i].gradient);
-    ++traffic_.steps;
-    if (++since_average_ == interval_) average(params);
-  }
-
-  void finish(std::span<const parameter> params) override {
-    model_.check(comm_.rank(), "finish", params);
-    if (since_average_ > 0) average(params);
-  }
-
-  [[nodiscard]] traffic traffic_so_far() const noexcept override { return traffic_; }
-
- private:
-  void average(std::span<const parameter> params) {
-    since_average_ = 0;
-    if (comm_.size() == 1) return;
-    model_.gather_weights(params, flat_);
-    flexpar::allreduce(comm_, std::span<float>(flat_), reduce_op::avg);
-    model_.scatter_weights(flat_, params);
-    traffic_.bytes_sent += detail::ring_allreduce_bytes(flat_.size(), comm_.size());
-    ++traffic_.exchanges;
-  }
-
-  communicator& comm_;
-  int interval_;
-  detail::flat_model model_;
-  std::vector<float> flat_;
-  int since_average_ = 0;
-  traffic traffic_;
 };
 
 }  // namespace flexpar::relax

@@ -36,93 +36,167 @@
 
 namespace flexpar::relax::detail {
 
-/// Adam with a compressed momentum average after `warmup` exact steps (file header). `Codec` is a
-/// compressed_average codec with `void prepare(const block_layout& parts, int rank)` called at start.
-template <class Codec>
-class momentum_adam : public relaxation {
+/// The Adam family's steps over any Model (file header), written once for host and device memory.
+/// The Model (host_adam_model below; cuda::detail::device_adam_model on the GPU) holds the flat
+/// gradient g, weights x, momentum m and variance v, and provides, besides host_model's rank(),
+/// size(), start(algo, params, links) and check(op, params):
+///   void reset();                        g, x, m, v = 0; the codec sized for the partitions
+///   void load(params);                   g = the gradients, x = the weights (fused)
+///   void store(params);                  the weights = x
+///   std::uint64_t average_gradients();   g = allreduce(avg) of g; the bytes sent
+///   void warmup_update(adam, c1, c2);    warm-up step 2 (file header), element by element
+///   void freeze(c2);                     v = v / c2
+///   void momentum_update(b1, wd);        compression step 1
+///   std::uint64_t average_momentum();    compression step 2: compressed_average_steps over m; bytes
+///   void frozen_update(adam, c1);        compression step 3
+/// The arithmetic of each element is the file header's, each operation rounded to f32 in that order.
+class momentum_adam_rule {
  public:
-  /// Over `comm` (kept by reference; it must outlive this object).
-  /// @throws usage_error if warmup < 0.
-  momentum_adam(communicator& comm, std::string_view name, Codec codec, int warmup, adam_options adam)
-      : comm_(comm), name_(name), codec_(std::move(codec)), warmup_(warmup), adam_(adam) {
+  /// @throws usage_error (naming `rank`) if warmup < 0.
+  momentum_adam_rule(int rank, std::string_view name, int warmup, adam_options adam)
+      : name_(name), warmup_(warmup), adam_(adam) {
     if (warmup < 0)
-      throw usage_error(where(comm.rank(), name, "make") + "warm-up of " + std::to_string(warmup) +
+      throw usage_error(where(rank, name, "make") + "warm-up of " + std::to_string(warmup) +
                         " steps; it must be 0 or more");
   }
+  template <class Model, class Params>
+  void start(Model& m, Params params) {
+    m.start(name_, params, false);
+    m.reset();
+    t_ = 0;
+  }
+  template <class Model, class Params, class Opt>
+  void step(Model& m, Params params, Opt& /*opt: ignored, this algorithm is its own Adam*/) {
+    m.check("step", params);
+    ++t_;
+    ++traffic_.steps;
+    ++traffic_.exchanges;
+    m.load(params);
+    const auto c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(adam_.beta1), static_cast<double>(t_)));
+    if (t_ <= static_cast<std::uint64_t>(warmup_)) {
+      traffic_.bytes_sent += m.average_gradients();
+      const auto c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(adam_.beta2), static_cast<double>(t_)));
+      m.warmup_update(adam_, c1, c2);
+      if (t_ == static_cast<std::uint64_t>(warmup_)) m.freeze(c2);  // frozen, bias-corrected
+    } else {
+      m.momentum_update(adam_.beta1, adam_.weight_decay);
+      traffic_.bytes_sent += m.average_momentum();
+      m.frozen_update(adam_, c1);
+    }
+    m.store(params);
+  }
+  template <class Model, class Params>
+  void finish(Model& m, Params params) {
+    m.check("finish", params);
+  }
+  [[nodiscard]] const traffic& so_far() const noexcept { return traffic_; }
+  [[nodiscard]] std::string_view name() const noexcept { return name_; }
 
-  [[nodiscard]] std::string_view name() const noexcept override { return name_; }
+ private:
+  std::string name_;
+  int warmup_;
+  adam_options adam_;
+  std::uint64_t t_ = 0;
+  traffic traffic_;
+};
 
-  void start(std::span<const parameter> params) override {
-    model_.bind(comm_, name_, params);
+/// momentum_adam_rule's Model for host parameters, with a compressed_average codec that has
+/// `void prepare(const block_layout& parts, int rank)` (called by reset()).
+template <class Codec>
+class host_adam_model {
+ public:
+  host_adam_model(communicator& comm, Codec codec) : comm_(comm), codec_(std::move(codec)) {}
+
+  [[nodiscard]] int rank() const noexcept { return comm_.rank(); }
+  [[nodiscard]] int size() const noexcept { return comm_.size(); }
+  void start(std::string_view algo, std::span<const parameter> params, bool) {
+    model_.bind(comm_, algo, params);
     model_.broadcast_weights(comm_, params);
+  }
+  void check(std::string_view op, std::span<const parameter> params) const { model_.check(comm_.rank(), op, params); }
+  void reset() {
     const std::size_t n = model_.size();
     g_.assign(n, 0.0f);
     x_.assign(n, 0.0f);
     m_.assign(n, 0.0f);
     v_.assign(n, 0.0f);
     codec_.prepare(block_layout::even(n, comm_.size()), comm_.rank());
-    t_ = 0;
   }
-
-  /// One step; `opt` is ignored (this algorithm is its own Adam; file header).
-  void step(std::span<const parameter> params, optimizer& /*opt*/) override {
-    model_.check(comm_.rank(), "step", params);
-    ++t_;
-    ++traffic_.steps;
-    ++traffic_.exchanges;
+  void load(std::span<const parameter> params) {
     model_.gather_gradients(params, g_);
     model_.gather_weights(params, x_);
-    const float b1 = adam_.beta1, b2 = adam_.beta2, wd = adam_.weight_decay;
-    const auto c1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), static_cast<double>(t_)));
-    const std::size_t n = g_.size();
-    if (t_ <= static_cast<std::uint64_t>(warmup_)) {
-      flexpar::allreduce(comm_, std::span<float>(g_), reduce_op::avg);
-      traffic_.bytes_sent += ring_allreduce_bytes(n, comm_.size());
-      const auto c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(b2), static_cast<double>(t_)));
-      for (std::size_t i = 0; i < n; ++i) {
-        float g = g_[i];
-        if (wd != 0.0f) g += wd * x_[i];
-        m_[i] = b1 * m_[i] + (1.0f - b1) * g;
-        v_[i] = b2 * v_[i] + (1.0f - b2) * g * g;
-        x_[i] -= adam_.learning_rate * (m_[i] / c1) / (std::sqrt(v_[i] / c2) + adam_.epsilon);
-      }
-      if (t_ == static_cast<std::uint64_t>(warmup_))
-        for (float& v : v_) v = v / c2;  // frozen, bias-corrected
-    } else {
-      for (std::size_t i = 0; i < n; ++i) {
-        float g = g_[i];
-        if (wd != 0.0f) g += wd * x_[i];
-        m_[i] = b1 * m_[i] + (1.0f - b1) * g;
-      }
-      traffic_.bytes_sent += compressed_average(comm_, std::span<float>(m_), codec_, scratch_);
-      for (std::size_t i = 0; i < n; ++i)
-        x_[i] -= adam_.learning_rate * (m_[i] / c1) / (std::sqrt(v_[i]) + adam_.epsilon);
+  }
+  void store(std::span<const parameter> params) { model_.scatter_weights(x_, params); }
+  std::uint64_t average_gradients() {
+    flexpar::allreduce(comm_, std::span<float>(g_), reduce_op::avg);
+    return ring_allreduce_bytes(g_.size(), comm_.size());
+  }
+  void warmup_update(const adam_options& a, float c1, float c2) {
+    const float b1 = a.beta1, b2 = a.beta2, wd = a.weight_decay;
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      float g = g_[i];
+      if (wd != 0.0f) g += wd * x_[i];
+      m_[i] = b1 * m_[i] + (1.0f - b1) * g;
+      v_[i] = b2 * v_[i] + (1.0f - b2) * g * g;
+      x_[i] -= a.learning_rate * (m_[i] / c1) / (std::sqrt(v_[i] / c2) + a.epsilon);
     }
-    model_.scatter_weights(x_, params);
+  }
+  void freeze(float c2) {
+    for (float& v : v_) v = v / c2;
+  }
+  void momentum_update(float b1, float wd) {
+    for (std::size_t i = 0; i < g_.size(); ++i) {
+      float g = g_[i];
+      if (wd != 0.0f) g += wd * x_[i];
+      m_[i] = b1 * m_[i] + (1.0f - b1) * g;
+    }
+  }
+  std::uint64_t average_momentum() { return compressed_average(comm_, std::span<float>(m_), codec_, scratch_); }
+  void frozen_update(const adam_options& a, float c1) {
+    for (std::size_t i = 0; i < g_.size(); ++i)
+      x_[i] -= a.learning_rate * (m_[i] / c1) / (std::sqrt(v_[i]) + a.epsilon);
   }
 
-  void finish(std::span<const parameter> params) override { model_.check(comm_.rank(), "finish", params); }
-
-  [[nodiscard]] traffic traffic_so_far() const noexcept override { return traffic_; }
-
-  /// The (averaged) momentum, flat.
   [[nodiscard]] std::span<const float> momentum() const noexcept { return m_; }
-  /// The variance (frozen after the warm-up), flat.
   [[nodiscard]] std::span<const float> variance() const noexcept { return v_; }
-  /// The codec (for its error-feedback residuals).
   [[nodiscard]] const Codec& codec() const noexcept { return codec_; }
 
  private:
   communicator& comm_;
-  std::string name_;
   Codec codec_;
-  int warmup_;
-  adam_options adam_;
   flat_model model_;
   compressed_scratch scratch_;
   std::vector<float> g_, x_, m_, v_;
-  std::uint64_t t_ = 0;
-  traffic traffic_;
+};
+
+/// Adam with a compressed momentum average after `warmup` exact steps (file header): its rule over
+/// host memory. `Codec` is a compressed_average codec with `void prepare(const block_layout& parts,
+/// int rank)` called at start.
+template <class Codec>
+class momentum_adam : public relaxation {
+ public:
+  /// Over `comm` (kept by reference; it must outlive this object).
+  /// @throws usage_error if warmup < 0.
+  momentum_adam(communicator& comm, std::string_view name, Codec codec, int warmup, adam_options adam)
+      : model_(comm, std::move(codec)), rule_(comm.rank(), name, warmup, adam) {}
+
+  [[nodiscard]] std::string_view name() const noexcept override { return rule_.name(); }
+  void start(std::span<const parameter> params) override { rule_.start(model_, params); }
+  /// One step; `opt` is ignored (this algorithm is its own Adam; file header).
+  void step(std::span<const parameter> params, optimizer& opt) override { rule_.step(model_, params, opt); }
+  void finish(std::span<const parameter> params) override { rule_.finish(model_, params); }
+  [[nodiscard]] traffic traffic_so_far() const noexcept override { return rule_.so_far(); }
+
+  /// The (averaged) momentum, flat.
+  [[nodiscard]] std::span<const float> momentum() const noexcept { return model_.momentum(); }
+  /// The variance (frozen after the warm-up), flat.
+  [[nodiscard]] std::span<const float> variance() const noexcept { return model_.variance(); }
+  /// The codec (for its error-feedback residuals).
+  [[nodiscard]] const Codec& codec() const noexcept { return model_.codec(); }
+
+ private:
+  host_adam_model<Codec> model_;
+  momentum_adam_rule rule_;
 };
 
 }  // namespace flexpar::relax::detail
