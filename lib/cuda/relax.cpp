@@ -10,6 +10,7 @@
 #include <flexpar/cuda/nccl.hpp>
 #endif
 
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -522,6 +523,104 @@ qadam::qadam(device_communicator& gpu, int warmup, relax::adam_options adam, std
                       : std::make_unique<adam_impl<minmax_device_codec>>(gpu, minmax_device_codec(chunk), "qadam",
                                                                          warmup, adam)) {}
 
+// ---- async_model_average's device model ---------------------------------------------------------------
+
+struct detail::device_async_model::state {
+  std::vector<parameter> params;                // the buffers given to start()
+  std::optional<communicator> links;            // the background thread's host communicator
+  std::optional<device_communicator> averager;  // and its device communicator over links
+  stream own;                                   // the background thread's stream
+  cudaStream_t train = nullptr;                 // the training stream of the last step (under the lock)
+  device_buffer<float> snapshot, average, delta;
+  fusion_packer packer, background_packer;  // the training thread's; the background thread's
+  std::vector<copy_region> regions, background_regions;
+  event snapshot_ready{false}, delta_done{false};
+  bool delta_recorded = false;
+};
+
+detail::device_async_model::device_async_model(device_communicator& gpu) : gpu_(gpu), st_(std::make_unique<state>()) {}
+detail::device_async_model::~device_async_model() = default;
+
+communicator& detail::device_async_model::links() noexcept { return *st_->links; }
+
+namespace {
+// `flat` <-> the weights of `params` (offsets of `model`): one fusion_packer launch on `s`.
+void pack_weights(const relax::detail::flat_model& model, std::span<const parameter> params, float* flat,
+                  bool into_flat, fusion_packer& packer, std::vector<copy_region>& regions, cudaStream_t s) {
+  regions.clear();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    float* f = flat + model.offset(i);
+    const device_span<float> w = params[i].weight;
+    regions.push_back(into_flat ? copy_region{w.data(), f, w.size_bytes()} : copy_region{f, w.data(), w.size_bytes()});
+  }
+  packer.copy(regions, s);
+}
+}  // namespace
+
+void detail::device_async_model::start(std::string_view algo, std::span<const parameter> params) {
+  state& st = *st_;
+  model_.bind(gpu_.host(), algo, params);
+  const std::size_t n = model_.size();
+  for (device_buffer<float>* b : {&st.snapshot, &st.average, &st.delta}) *b = device_buffer<float>(n);
+  // every rank's weights become rank 0's: pack, one broadcast, unpack
+  pack_weights(model_, params, st.snapshot.data(), true, st.packer, st.regions, s_);
+  gpu_.broadcast(st.snapshot.span(), 0, s_);
+  pack_weights(model_, params, st.snapshot.data(), false, st.packer, st.regions, s_);
+  st.params.assign(params.begin(), params.end());
+  st.train = s_;
+  st.delta_recorded = false;
+  if (!st.links) {
+    st.links = gpu_.host().split(0, gpu_.rank());
+    device_options o;
+    o.use_nccl = gpu_.has_nccl();  // the same decision as the training communicator's (a GPU per rank)
+    st.averager.emplace(*st.links, gpu_.device(), o);
+  }
+}
+
+void detail::device_async_model::check(std::string_view op, std::span<const parameter> params) const {
+  model_.check(gpu_.rank(), op, params);
+}
+
+void detail::device_async_model::apply(std::span<const parameter> params, optimizer& opt) {
+  st_->train = s_;  // under the weights' lock: the background thread queues its reads and writes here
+  for (std::size_t i = 0; i < params.size(); ++i)
+    opt.apply(i, params[i].weight, device_span<const float>(params[i].gradient), s_);
+}
+
+void detail::device_async_model::snapshot() {  // under the lock, on the background thread
+  state& st = *st_;
+  if (st.delta_recorded) FLEXPAR_CHECK_CUDA(gpu_.rank(), cudaStreamWaitEvent(st.train, st.delta_done.get(), 0));
+  pack_weights(model_, st.params, st.snapshot.data(), true, st.background_packer, st.background_regions, st.train);
+  st.snapshot_ready.record(st.train);
+}
+
+void detail::device_async_model::average() {  // without the lock: the training thread goes on
+  state& st = *st_;
+  FLEXPAR_CHECK_CUDA(gpu_.rank(), cudaStreamWaitEvent(st.own.get(), st.snapshot_ready.get(), 0));
+  copy_async(st.average.span(), device_span<const float>(st.snapshot.span()), st.own);
+  st.averager->allreduce(st.average.span(), reduce_op::avg, st.own);
+  st.averager->synchronize(st.own, "cuda::async_model_average: the background average");
+}
+
+void detail::device_async_model::apply_delta() {  // under the lock: x += a - s on the training stream
+  state& st = *st_;
+  detail::subtract(st.average.span(), st.snapshot.span(), st.delta.span(), st.train);
+  for (std::size_t i = 0; i < st.params.size(); ++i) {
+    const device_span<float> w = st.params[i].weight;
+    reduce_into(w, device_span<const float>(st.delta.data() + model_.offset(i), w.size()), reduce_op::sum, st.train);
+  }
+  st.delta_done.record(st.train);
+  st.delta_recorded = true;
+}
+
+std::uint64_t detail::device_async_model::final_average(std::span<const parameter> params) {
+  state& st = *st_;
+  pack_weights(model_, params, st.snapshot.data(), true, st.packer, st.regions, s_);
+  gpu_.allreduce(st.snapshot.span(), reduce_op::avg, s_);
+  pack_weights(model_, params, st.snapshot.data(), false, st.packer, st.regions, s_);
+  return relax::detail::ring_allreduce_bytes(model_.size(), gpu_.size());
+}
+
 std::unique_ptr<relaxation> make_relaxation(std::string_view name, device_communicator& gpu, const relax::options& o) {
   if (name == "gradient_allreduce") return std::make_unique<gradient_allreduce>(gpu);
   if (name == "bytegrad") return std::make_unique<bytegrad>(gpu, o.chunk);
@@ -530,11 +629,12 @@ std::unique_ptr<relaxation> make_relaxation(std::string_view name, device_commun
     return std::make_unique<decentralized>(gpu, relax::peer_selection_of(o.peers), o.interval);
   if (name == "low_precision_decentralized")
     return std::make_unique<low_precision_decentralized>(gpu, o.interval, o.chunk);
+  if (name == "async_model_average") return std::make_unique<async_model_average>(gpu, o.period_ms);
   if (name == "onebit_adam") return std::make_unique<onebit_adam>(gpu, o.warmup_steps, o.adam, o.onebit_chunk);
   if (name == "qadam") return std::make_unique<qadam>(gpu, o.warmup_steps, o.adam, o.chunk);
-  throw usage_error(relax::detail::where(gpu.rank(), std::string(name), "make") +
-                    "no device form of this algorithm; built on the device: gradient_allreduce, bytegrad, local_sgd, "
-                    "decentralized, low_precision_decentralized, onebit_adam, qadam");
+  std::string known;
+  for (std::string_view n : relax::algorithm_names()) known.append(known.empty() ? "" : ", ").append(n);
+  throw usage_error(relax::detail::where(gpu.rank(), std::string(name), "make") + "unknown algorithm; known: " + known);
 }
 
 }  // namespace flexpar::cuda

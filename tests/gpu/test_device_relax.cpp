@@ -11,8 +11,9 @@
 //     low_precision_decentralized (the same differences, codes and replica sums), and
 //     qadam (its own Adam, adam.cu's operations in the host loop's order; warm-up on sums of k/8).
 //   - onebit_adam: within float rounding (1e-4 relative): cuda::onebit sums its scale in another order.
-// Also: a parameter list that differs between ranks is one usage_error on every rank; an algorithm
-// without a device form is named.
+// Also: a parameter list that differs between ranks is one usage_error on every rank; an unknown
+// algorithm is named with the known ones (every host algorithm has a device form); async_model_average
+// keeps the host form's rules (pause in a common round, one average after finish()).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -21,17 +22,22 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <flexpar/collective.hpp>
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/cuda/relax.hpp>
 #include <flexpar/relax/registry.hpp>
 
 #include "gpu/device_io.hpp"
+#include "relax/relax_scenarios.hpp"  // eventually, gather_all
 
 namespace fc = flexpar::cuda;
 namespace fr = flexpar::relax;
 using flexpar::testing_support::download;
+using flexpar::testing_support::eventually;
+using flexpar::testing_support::gather_all;
 using flexpar::testing_support::upload;
 
 namespace {
@@ -226,18 +232,83 @@ TEST(DeviceRelax, AParameterListThatDiffersIsOneErrorOnEveryRank) {
   }
 }
 
-TEST(DeviceRelax, AnAlgorithmWithoutADeviceFormIsNamed) {
+TEST(DeviceRelax, AnUnknownAlgorithmIsNamedWithTheKnownOnes) {
   flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
   fc::device_communicator gpu = make_gpu(comm);
   try {
-    (void)fc::make_relaxation("async_model_average", gpu);
-    FAIL() << "make_relaxation accepted an algorithm without a device form";
+    (void)fc::make_relaxation("no_such_algorithm", gpu);
+    FAIL() << "make_relaxation accepted an unknown algorithm";
   } catch (const flexpar::usage_error& e) {
     const std::string text = e.what();
-    EXPECT_NE(text.find("async_model_average"), std::string::npos) << text;
-    EXPECT_NE(text.find("gradient_allreduce, bytegrad, local_sgd, decentralized, low_precision_decentralized, "
-                        "onebit_adam, qadam"),
-              std::string::npos)
-        << text;
+    EXPECT_NE(text.find("no_such_algorithm"), std::string::npos) << text;
+    for (std::string_view known : fr::algorithm_names())  // every host algorithm has its device form
+      EXPECT_NE(text.find(known), std::string::npos) << text;
   }
+  for (std::string_view known : fr::algorithm_names()) {
+    fr::options o;
+    o.warmup_steps = 1;
+    EXPECT_EQ(fc::make_relaxation(known, gpu, o)->name(), known);
+  }
+}
+
+// async_model_average on the device, the host test's rules (relax_scenarios.hpp): rounds run in the
+// background while the training thread steps; abort() pauses every rank in the same round and the
+// rounds stop; resume() restarts them; after finish() every rank holds the same weights, bit for bit,
+// the average of the weights at the moment finish() was called (within 1e-5).
+TEST(DeviceRelax, AsyncModelAverageKeepsTheHostFormsRules) {
+  flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
+  fc::device_communicator gpu = make_gpu(comm);
+  fc::stream s;
+  const int me = comm.rank();
+  twin_model m({1000, 37, 5003}, me, s);
+  fc::sgd opt({.learning_rate = 0.05f, .momentum = 0.9f});
+  fc::async_model_average algo(gpu, 1);
+  EXPECT_THROW(algo.abort(), flexpar::usage_error) << "not started";
+  algo.start(m.device, s);
+  for (int step = 0; step < 5; ++step) {
+    m.set_gradients(me, step, s);
+    algo.step(m.device, opt, s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(eventually([&] { return algo.rounds() >= 3; })) << "[rank " << me << "] no background rounds";
+  EXPECT_THROW(algo.resume(), flexpar::usage_error) << "resume() before abort()";
+  for (int pause = 0; pause < 2; ++pause) {
+    algo.abort();
+    const auto paused_at = static_cast<std::int64_t>(algo.rounds());
+    std::vector<std::int64_t> everyone(static_cast<std::size_t>(comm.size()));
+    flexpar::allgather(comm, std::span<const std::int64_t>(&paused_at, 1), std::span<std::int64_t>(everyone));
+    for (std::int64_t r : everyone) EXPECT_EQ(r, paused_at) << "[rank " << me << "] ranks paused in different rounds";
+    m.set_gradients(me, 5 + pause, s);
+    algo.step(m.device, opt, s);  // local steps go on while paused
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(static_cast<std::int64_t>(algo.rounds()), paused_at) << "averaging went on after abort()";
+    if (pause == 1) break;  // finish() from the paused state
+    algo.resume();
+    EXPECT_TRUE(eventually([&] { return static_cast<std::int64_t>(algo.rounds()) > paused_at; }))
+        << "[rank " << me << "] no rounds after resume()";
+  }
+  auto weights = [&] {
+    std::vector<float> flat;
+    for (auto& b : m.dw) {
+      const auto w = download(fc::device_span<const float>(b.span()), s);
+      flat.insert(flat.end(), w.begin(), w.end());
+    }
+    return flat;
+  };
+  const std::vector<float> before = weights();
+  const std::vector<float> all = gather_all(comm, before);
+  algo.finish(m.device, s);
+  const std::vector<float> after = weights();
+  const std::size_t n = before.size();
+  const std::vector<float> finals = gather_all(comm, after);
+  for (std::size_t i = 0; i < n; ++i) {
+    double mean = 0;
+    for (int r = 0; r < comm.size(); ++r) mean += all[static_cast<std::size_t>(r) * n + i];
+    mean /= comm.size();
+    ASSERT_NEAR(after[i], mean, 1e-5 * std::max(1.0, std::abs(mean))) << "[rank " << me << "] element " << i;
+    for (int r = 0; r < comm.size(); ++r)
+      ASSERT_EQ(std::memcmp(&finals[static_cast<std::size_t>(r) * n + i], &after[i], sizeof(float)), 0)
+          << "[rank " << me << "] rank " << r << " ends with another weight at " << i;
+  }
+  EXPECT_EQ(algo.traffic_so_far().steps, 7u);
 }

@@ -32,9 +32,10 @@
 // Results: decentralized's and local_sgd's weights are bit-identical to the host forms' (the same sums
 // in the same order: cuda::reduce_into over the sources, then one division).
 //
-// Built: gradient_allreduce, bytegrad, local_sgd, decentralized (all, shift_one, ring),
-// low_precision_decentralized, onebit_adam, qadam. async_model_average has a host form only (its
-// averages run on a thread of their own while the training thread steps: doc/gpu.md).
+// Built: every algorithm of relax/ — gradient_allreduce, bytegrad, local_sgd, decentralized (all,
+// shift_one, ring), low_precision_decentralized, onebit_adam, qadam, async_model_average (its thread
+// averages on a stream and a device communicator of its own; the weights are read and written on the
+// training stream only).
 #pragma once
 
 #include <chrono>
@@ -50,6 +51,7 @@
 #include <flexpar/cuda/collective.hpp>
 #include <flexpar/cuda/kernels.hpp>
 #include <flexpar/cuda/runtime.hpp>
+#include <flexpar/relax/async_model_average.hpp>
 #include <flexpar/relax/decentralized.hpp>
 #include <flexpar/relax/flat_model.hpp>
 #include <flexpar/relax/gradient_allreduce.hpp>
@@ -340,8 +342,83 @@ class qadam final : public detail::adam_family {
   qadam(device_communicator& gpu, int warmup, relax::adam_options adam = {}, std::size_t chunk = 512);
 };
 
-/// The device relaxation called `name` ("gradient_allreduce", "bytegrad", "local_sgd",
-/// "decentralized", "low_precision_decentralized", "onebit_adam", "qadam") over `gpu`, with relax::make's settings (the
+namespace detail {
+/// relax::detail::async_average's Model on the device (relax/async_model_average.hpp lists what it
+/// provides). Every read and write of the weights goes on the training stream (the one of the last
+/// step()), in the order the weights' lock gives: the snapshot (step 3) and the update x += a - s
+/// (step 5) are queued there, so they never race the optimizer's kernels; the average itself (step 4)
+/// runs on a stream of the background thread's own, over a device communicator of its own (over the
+/// private host communicator), and the training stream never waits for it.
+class device_async_model {
+ public:
+  explicit device_async_model(device_communicator& gpu);
+  ~device_async_model();
+  device_async_model(const device_async_model&) = delete;             ///< not copyable
+  device_async_model& operator=(const device_async_model&) = delete;  ///< not copyable
+  /// The stream of the training thread's calls that follow.
+  void on(cudaStream_t s) noexcept { s_ = s; }
+
+  [[nodiscard]] communicator& comm() noexcept { return gpu_.host(); }
+  [[nodiscard]] communicator& links() noexcept;
+  [[nodiscard]] std::size_t size() const noexcept { return model_.size(); }
+  void start(std::string_view algo, std::span<const parameter> params);
+  void check(std::string_view op, std::span<const parameter> params) const;
+  void apply(std::span<const parameter> params, optimizer& opt);
+  void snapshot();
+  void average();
+  void apply_delta();
+  std::uint64_t final_average(std::span<const parameter> params);
+
+ private:
+  struct state;
+  device_communicator& gpu_;
+  cudaStream_t s_ = nullptr;
+  relax::detail::flat_model model_;
+  std::unique_ptr<state> st_;
+};
+}  // namespace detail
+
+/// A background thread averages the weights of every rank every `period_ms` while the training
+/// thread steps (relax::async_model_average on the GPU; its thread and control,
+/// relax::detail::async_average, over detail::device_async_model). Needs MPI_THREAD_MULTIPLE.
+class async_model_average final : public relaxation {
+ public:
+  /// Over `gpu` (kept by reference). @throws usage_error if period_ms < 1, or below
+  /// MPI_THREAD_MULTIPLE.
+  async_model_average(device_communicator& gpu, int period_ms) : model_(gpu), rule_(model_, period_ms) {}
+  [[nodiscard]] std::string_view name() const noexcept override { return "async_model_average"; }
+  /// Collective: rank 0's weights everywhere, then the thread starts; the buffers in `params` are
+  /// read by it until finish().
+  void start(std::span<const parameter> params, cudaStream_t s) override {
+    model_.on(s);
+    rule_.start(params);
+  }
+  /// The optimizer step, queued on `s` under the weights' lock; rethrows the thread's error.
+  void step(std::span<const parameter> params, optimizer& opt, cudaStream_t s) override {
+    model_.on(s);
+    rule_.step(params, opt);
+  }
+  /// Collective: stops the thread in a common round, then one average of the weights on `s`.
+  void finish(std::span<const parameter> params, cudaStream_t s) override {
+    model_.on(s);
+    rule_.finish(params);
+  }
+  /// Collective: pauses the background averaging on every rank.
+  void abort() { rule_.abort(); }
+  /// Collective: resumes it after abort().
+  void resume() { rule_.resume(); }
+  /// Background averages completed so far on this rank.
+  [[nodiscard]] std::uint64_t rounds() const noexcept { return rule_.rounds(); }
+  [[nodiscard]] relax::traffic traffic_so_far() const noexcept override { return rule_.so_far(); }
+
+ private:
+  detail::device_async_model model_;
+  relax::detail::async_average<detail::device_async_model> rule_;  // after model_: its thread uses model_
+};
+
+/// The device relaxation called `name` (every name of relax::algorithm_names(): "gradient_allreduce",
+/// "bytegrad", "decentralized", "low_precision_decentralized", "onebit_adam", "qadam",
+/// "async_model_average", "local_sgd") over `gpu`, with relax::make's settings (the
 /// fields those algorithms read).
 /// @throws usage_error naming the algorithms built on the device when `name` is another, or for
 /// invalid settings.
