@@ -279,6 +279,14 @@ void device_communicator::run(std::string_view op, void* data, const void* send,
   if (op == "broadcast" && (root < 0 || root >= size()))
     throw usage_error(s.prefix(op) + "root " + std::to_string(root) + " is outside the communicator of " +
                       std::to_string(size()) + " ranks");
+  if (caller != nullptr) {  // the legacy default stream belongs to whichever device is current
+    int stream_device = -1;
+    FLEXPAR_CHECK_CUDA(rank(), cudaStreamGetDevice(caller, &stream_device));
+    if (stream_device != s.device)
+      throw usage_error(s.prefix(op) + "the caller's stream belongs to GPU " + std::to_string(stream_device) +
+                        ", this communicator's is GPU " + std::to_string(s.device) + " (" + std::to_string(count) +
+                        " elements of " + std::string(name_of(t)) + "); make the stream on the communicator's device");
+  }
   std::size_t bytes = count * element;  // what choose() is asked about: the whole buffer
   if (op == "allgather" || op == "reduce_scatter" || op == "alltoall") bytes *= p;
   if (path == device_path::automatic) path = choose(op, bytes).path;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include <flexpar/comm/run_in_process.hpp>
@@ -110,6 +111,34 @@ TEST(DeviceCollectives, MismatchedSizesAndBadRootAreUsageErrors) {
         EXPECT_THROW(gpu.allgather(fc::device_span<const float>(in.span()), out.span(), s), flexpar::usage_error);
         EXPECT_THROW(gpu.broadcast(in.span(), 2, s), flexpar::usage_error);
         EXPECT_THROW(gpu.allreduce(in.span(), reduce_op::sum, s, fc::device_path::nccl), flexpar::usage_error);
+      },
+      flexpar::testing_support::with_timeout(60s));
+}
+
+// A stream of another GPU than the communicator's: a usage_error naming the rank, the op, both GPUs
+// and the size, before any work is queued (needs two GPUs: skipped on a machine with one).
+TEST(DeviceCollectives, AStreamOfAnotherGpuIsAUsageError) {
+  if (fc::device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  flexpar::run_in_process(
+      1,
+      [&](flexpar::communicator& comm) {
+        fc::device_communicator gpu(comm, 0, staged_only());
+        fc::device_buffer<float> data(10);
+        cudaStream_t other = nullptr;
+        {
+          const fc::device_guard on(1);
+          FLEXPAR_CHECK_CUDA(0, cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+        }
+        try {
+          gpu.allreduce(data.span(), reduce_op::sum, other);
+          ADD_FAILURE() << "a stream of GPU 1 was accepted by a communicator of GPU 0";
+        } catch (const flexpar::usage_error& e) {
+          const std::string text = e.what();
+          for (const char* part : {"[rank 0] device allreduce", "GPU 1", "GPU 0", "10 elements of f32"})
+            EXPECT_NE(text.find(part), std::string::npos) << part << " not in: " << text;
+        }
+        const fc::device_guard on(1);
+        FLEXPAR_CHECK_CUDA(0, cudaStreamDestroy(other));
       },
       flexpar::testing_support::with_timeout(60s));
 }
