@@ -20,7 +20,9 @@ void program(const placement<1>& mesh, const placement<2>& mesh2) {
   auto images = global_tensor<float, split<0>>::from_full(mesh, {2, 1, 2, 2}, std::vector<float>(8));
   auto kernels = global_tensor<float, split<0>>::from_full(mesh, {1, 1, 1, 1}, std::vector<float>(1));
   auto ok5 = conv2d(images, to<broadcast>(kernels), 0);  // (S(0), B) -> S(0)
-  (void)ok1, (void)ok2, (void)ok3, (void)ok4, (void)ok5;
+  auto ok6 = gelu(to<broadcast>(partial_x));             // B -> B
+  auto ok7 = layer_norm<1>(rows);                        // S(0) -> S(0): rows whole
+  (void)ok1, (void)ok2, (void)ok3, (void)ok4, (void)ok5, (void)ok6, (void)ok7;
 #elif FLEXPAR_CASE == 1  // matmul with no signature: (P(sum), S(0))
   auto bad = matmul(partial_x, rows);
 #elif FLEXPAR_CASE == 2  // relu of a partial sum
@@ -33,5 +35,9 @@ void program(const placement<1>& mesh, const placement<2>& mesh2) {
   auto images = global_tensor<float, split<0>>::from_full(mesh, {2, 1, 2, 2}, std::vector<float>(8));
   auto kernels = global_tensor<float, split<0>>::from_full(mesh, {1, 1, 1, 1}, std::vector<float>(1));
   auto bad = conv2d(images, kernels, 0);
+#elif FLEXPAR_CASE == 6  // gelu of a partial sum
+  auto bad = gelu(partial_x);
+#elif FLEXPAR_CASE == 7  // layer_norm over the split axis
+  auto bad = layer_norm<0>(rows);
 #endif
 }

@@ -114,6 +114,35 @@ TEST_P(ops_1d, every_signature_matches_the_serial_op) {
         check1(split<0>{}, softmax_op, soft, "softmax<1>");
         check1(broadcast{}, softmax_op, soft, "softmax<1>");
 
+        // gelu element-wise; layer_norm over axis 1 (rows whole) and axis 0 (columns whole)
+        std::vector<float> gel(15), norm1(15), norm0(15);
+        for (std::size_t i = 0; i < 15; ++i)
+          gel[i] = float(0.5 * double(x[i]) * (1.0 + std::erf(double(x[i]) / std::sqrt(2.0))));
+        auto normalize = [&](std::vector<float>& out, std::size_t count, std::size_t stride, std::size_t start) {
+          double mean = 0, var = 0;
+          for (std::size_t k = 0; k < count; ++k) mean += double(x[start + k * stride]);
+          mean /= double(count);
+          for (std::size_t k = 0; k < count; ++k) {
+            const double d = double(x[start + k * stride]) - mean;
+            var += d * d;
+          }
+          const double scale = 1.0 / std::sqrt(var / double(count) + 1e-5);
+          for (std::size_t k = 0; k < count; ++k)
+            out[start + k * stride] = float((double(x[start + k * stride]) - mean) * scale);
+        };
+        for (std::size_t r = 0; r < 5; ++r) normalize(norm1, 3, 1, r * 3);
+        for (std::size_t c = 0; c < 3; ++c) normalize(norm0, 5, 3, c);
+        auto gelu_op = [](auto& a) { return gelu(a); };
+        check1(split<0>{}, gelu_op, gel, "gelu");
+        check1(split<1>{}, gelu_op, gel, "gelu");
+        check1(broadcast{}, gelu_op, gel, "gelu");
+        auto norm1_op = [](auto& a) { return layer_norm<1>(a); };
+        auto norm0_op = [](auto& a) { return layer_norm<0>(a); };
+        check1(split<0>{}, norm1_op, norm1, "layer_norm<1>");
+        check1(broadcast{}, norm1_op, norm1, "layer_norm<1>");
+        check1(split<1>{}, norm0_op, norm0, "layer_norm<0>");
+        check1(broadcast{}, norm0_op, norm0, "layer_norm<0>");
+
         // reduce_sum over axis 0 and 1
         std::vector<float> cols(3, 0.0f), rows(5, 0.0f);
         for (std::size_t r = 0; r < 5; ++r)

@@ -13,7 +13,9 @@
 //   add(a, b)                   (S(i), S(i)) -> S(i)   (B, B) -> B   (P(sum), P(sum)) -> P(sum)
 //   mul(a, b)                   (S(i), S(i)) -> S(i)   (B, B) -> B   (P(sum), B) -> P(sum)   (B, P(sum)) -> P(sum)
 //   relu(t)                     S(i) -> S(i)   B -> B                (not P: relu(a + b) != relu(a) + relu(b))
+//   gelu(t)                     S(i) -> S(i)   B -> B                (not P: gelu is not additive either)
 //   softmax<A>(t)               S(i) -> S(i) for i != A   B -> B     (not S(A), not P)
+//   layer_norm<A>(t, eps)       S(i) -> S(i) for i != A   B -> B     (not S(A), not P: the axis's mean and variance)
 //   embedding(w [V,D], ids [N]) (S(0), B) -> P(sum)   (S(1), B) -> S(1)   (B, S(0)) -> S(0)   (B, B) -> B
 //   reduce_sum<A>(t)            S(A) -> P(sum)   S(i) -> S(i < A ? i : i - 1)   B -> B   P(sum) -> P(sum)
 //   conv2d(x [N,C,H,W], w [K,C,R,S], pad)                     stride 1, `pad` zeros on every side
@@ -103,6 +105,22 @@ struct softmax_has_no_signature {
   static_assert(detail::dependent_false<Sbp>,
                 "flexpar::sbp::softmax<Axis> needs the softmax axis whole on every rank: it has no signature for "
                 "S(Axis) or for P. Box first: softmax<Axis>(to<broadcast>(t)) or split another axis.");
+};
+
+template <class Sbp>
+struct gelu_has_no_signature_for_partial {
+  static_assert(detail::dependent_false<Sbp>,
+                "flexpar::sbp::gelu has no signature for P: gelu of a partial sum is not the sum of the gelus. "
+                "gelu keeps S(i) and B; box first: gelu(to<broadcast>(t)), or to a split (a reduce-scatter, "
+                "cheaper).");
+};
+
+template <class Sbp, int Axis>
+struct layer_norm_has_no_signature {
+  static_assert(detail::dependent_false<Sbp>,
+                "flexpar::sbp::layer_norm<Axis> needs the normalized axis whole on every rank (its mean and "
+                "variance): it has no signature for S(Axis) or for P. Box first: "
+                "layer_norm<Axis>(to<broadcast>(t)) or split another axis.");
 };
 
 template <class Weight, class Indices, class Fix>
@@ -453,6 +471,73 @@ auto relu(const global_tensor<T, A, M>& t) {
   }
 }
 
+namespace detail {
+/// A copy of `t`'s shard (from the pool) with `row(first, rows, step)` applied to every row along
+/// tensor axis `axis` (rows elements `step` apart): what the ops that need an axis whole share.
+/// @throws usage_error naming `op` when `axis` is not an axis of the tensor.
+template <element T, sbp_type A, class M, class Row>
+aligned_vector<T> along_axis(const global_tensor<T, A, M>& t, int axis, const char* op, Row row) {
+  if (static_cast<std::size_t>(axis) >= t.shape().size())
+    throw error_on<usage_error>(t.where().parent().rank(), op, "axis ", axis, " of a tensor of shape ",
+                                to_string(t.shape()));
+  const shape_t ls = t.local_shape();
+  aligned_vector<T> out = t.where().pool().acquire_copy(t.to_local());
+  if (!out.empty()) {
+    const around v(ls, axis);
+    for (std::size_t o = 0; o < v.outer; ++o)
+      for (std::size_t i = 0; i < v.inner; ++i) row(out.data() + o * v.rows * v.inner + i, v.rows, v.inner);
+  }
+  return out;
+}
+}  // namespace detail
+
+/// The GELU, x Φ(x) = x (1 + erf(x / sqrt 2)) / 2 element-wise (computed in double, rounded once);
+/// keeps S and B (not P).
+template <element T, sbp_type A, class M>
+auto gelu(const global_tensor<T, A, M>& t) {
+  constexpr nd_signature_result sig = nd_signature(signature::gelu, nd_of<A>::value);
+  if constexpr (!sig.ok) {
+    (void)sizeof(diagnostic::gelu_has_no_signature_for_partial<A>);
+    return;
+  } else {
+    aligned_vector<T> out = t.where().pool().acquire_copy(t.to_local());
+    for (T& x : out) {
+      const double v = double(accumulate_t<T>(x));
+      x = T(accumulate_t<T>(0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)))));
+    }
+    return global_tensor<T, A, M>::adopt(t.where(), t.shape(), std::move(out));
+  }
+}
+
+/// Layer normalization over tensor axis Axis (which must be whole on every rank): each row along
+/// the axis becomes (x - mean) / sqrt(var + eps), mean and (population) variance in double, rounded
+/// once. The affine part (gain and bias) is a mul and an add of the caller's.
+/// @throws usage_error when Axis is not an axis of the tensor.
+template <int Axis, element T, sbp_type A, class M>
+auto layer_norm(const global_tensor<T, A, M>& t, double eps = 1e-5) {
+  constexpr nd_signature_result sig =
+      nd_signature([](const parallel& p) { return signature::layer_norm(p, Axis); }, nd_of<A>::value);
+  if constexpr (!sig.ok) {
+    (void)sizeof(diagnostic::layer_norm_has_no_signature<A, Axis>);
+    return;
+  } else {
+    aligned_vector<T> out =
+        detail::along_axis(t, Axis, "layer_norm", [eps](T* row, std::size_t rows, std::size_t step) {
+          double mean = 0, var = 0;
+          for (std::size_t r = 0; r < rows; ++r) mean += double(accumulate_t<T>(row[r * step]));
+          mean /= static_cast<double>(rows);
+          for (std::size_t r = 0; r < rows; ++r) {
+            const double d = double(accumulate_t<T>(row[r * step])) - mean;
+            var += d * d;
+          }
+          const double scale = 1.0 / std::sqrt(var / static_cast<double>(rows) + eps);
+          for (std::size_t r = 0; r < rows; ++r)
+            row[r * step] = T(accumulate_t<T>((double(accumulate_t<T>(row[r * step])) - mean) * scale));
+        });
+    return global_tensor<T, A, M>::adopt(t.where(), t.shape(), std::move(out));
+  }
+}
+
 /// Softmax over tensor axis Axis (which must be whole on every rank).
 template <int Axis, element T, sbp_type A, class M>
 auto softmax(const global_tensor<T, A, M>& t) {
@@ -462,23 +547,13 @@ auto softmax(const global_tensor<T, A, M>& t) {
     (void)sizeof(diagnostic::softmax_has_no_signature<A, Axis>);
     return;
   } else {
-    if (static_cast<std::size_t>(Axis) >= t.shape().size())
-      throw error_on<usage_error>(t.where().parent().rank(), "softmax", "axis ", Axis, " of a tensor of shape ",
-                                  to_string(t.shape()));
-    const shape_t ls = t.local_shape();
-    aligned_vector<T> out = t.where().pool().acquire_copy(t.to_local());
-    if (!out.empty()) {
-      const detail::around v(ls, Axis);
-      for (std::size_t o = 0; o < v.outer; ++o)
-        for (std::size_t i = 0; i < v.inner; ++i) {
-          T* row = out.data() + o * v.rows * v.inner + i;
-          double hi = -INFINITY, sum = 0;
-          for (std::size_t r = 0; r < v.rows; ++r) hi = std::max(hi, double(accumulate_t<T>(row[r * v.inner])));
-          for (std::size_t r = 0; r < v.rows; ++r) sum += std::exp(double(accumulate_t<T>(row[r * v.inner])) - hi);
-          for (std::size_t r = 0; r < v.rows; ++r)
-            row[r * v.inner] = T(accumulate_t<T>(std::exp(double(accumulate_t<T>(row[r * v.inner])) - hi) / sum));
-        }
-    }
+    aligned_vector<T> out = detail::along_axis(t, Axis, "softmax", [](T* row, std::size_t rows, std::size_t step) {
+      double hi = -INFINITY, sum = 0;
+      for (std::size_t r = 0; r < rows; ++r) hi = std::max(hi, double(accumulate_t<T>(row[r * step])));
+      for (std::size_t r = 0; r < rows; ++r) sum += std::exp(double(accumulate_t<T>(row[r * step])) - hi);
+      for (std::size_t r = 0; r < rows; ++r)
+        row[r * step] = T(accumulate_t<T>(std::exp(double(accumulate_t<T>(row[r * step])) - hi) / sum));
+    });
     return global_tensor<T, A, M>::adopt(t.where(), t.shape(), std::move(out));
   }
 }

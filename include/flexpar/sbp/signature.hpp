@@ -102,6 +102,10 @@ constexpr signature_result softmax(const parallel& a, int axis) noexcept {
   if (a.is_partial() || (a.is_split() && a.axis == axis)) return signature_result::none();
   return signature_result::of(a);
 }
+/// gelu(t): element-wise and not additive, as relu.
+constexpr signature_result gelu(const parallel& a) noexcept { return relu(a); }
+/// layer_norm over tensor axis `axis`: the axis whole on every rank, as softmax.
+constexpr signature_result layer_norm(const parallel& a, int axis) noexcept { return softmax(a, axis); }
 /// embedding(weight [V,D], indices [N]) -> [N, D].
 constexpr signature_result embedding(const parallel& w, const parallel& ids) noexcept {
   if (w.is_split() && w.axis == 0 && ids.is_broadcast()) return signature_result::of(parallel::P());
