@@ -11,6 +11,7 @@
 #include <cub/device/device_for.cuh>
 #include <cub/util_ptx.cuh>
 #include <cub/warp/warp_reduce.cuh>
+#include <cuda/std/functional>
 
 #include <flexpar/core/check_cuda.hpp>
 #include <flexpar/core/error.hpp>
@@ -99,11 +100,7 @@ struct fmax_op {
 /// Min and max across a warp (fminf/fmaxf: a NaN lane is ignored) and sum, every lane gets the result.
 __device__ inline float warp_min(float v) { return warp_reduce(v, fmin_op{}); }
 __device__ inline float warp_max(float v) { return warp_reduce(v, fmax_op{}); }
-__device__ inline double warp_sum(double v) {
-  using reduce = cub::WarpReduce<double>;
-  __shared__ typename reduce::TempStorage storage[32];
-  return cub::ShuffleIndex<32>(reduce(storage[threadIdx.x / 32]).Sum(v), 0, 0xffffffffu);
-}
+__device__ inline double warp_sum(double v) { return warp_reduce(v, ::cuda::std::plus<double>{}); }
 __device__ inline bool warp_any(bool v) { return __any_sync(0xffffffffu, v) != 0; }
 
 /// A float at any byte address (the compressed formats put floats at offsets that need not be

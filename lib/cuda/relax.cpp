@@ -23,15 +23,11 @@ namespace flexpar::cuda {
 
 void sgd::apply(std::size_t index, device_span<float> weight, device_span<const float> gradient, cudaStream_t s) {
   const std::size_t n = weight.size();
-  if (index >= buffer_.size()) {
-    buffer_.resize(index + 1);
-    made_.resize(index + 1, false);
-  }
+  if (index >= buffer_.size()) buffer_.resize(index + 1);
   const bool momentum = options_.momentum != 0.0f;
-  if (momentum && !made_[index]) {
+  if (momentum && buffer_[index].size() == 0 && n != 0) {  // its first use (a 0-length buffer holds nothing)
     buffer_[index] = device_buffer<float>(n);
     fill(buffer_[index].span(), 0.0f, s);
-    made_[index] = true;
   }
   const std::size_t had = momentum ? buffer_[index].size() : n;
   if (gradient.size() != n || had != n)
@@ -51,6 +47,34 @@ template <class B, class U = std::conditional_t<std::is_const_v<B>, const std::u
 device_span<U> octets(device_span<B> b) {
   return device_span<U>(reinterpret_cast<U*>(b.data()), b.size());
 }
+
+using part = detail::device_model::part;
+
+// `flat` <-> that tensor of every parameter (offsets of `model`): one fusion_packer launch on `s`.
+void pack_flat(const relax::detail::flat_model& model, std::span<const parameter> params, part w, float* flat,
+               bool into_flat, fusion_packer& packer, std::vector<copy_region>& regions, cudaStream_t s) {
+  regions.clear();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const device_span<float> t = w == part::weights ? params[i].weight : params[i].gradient;
+    float* f = flat + model.offset(i);
+    regions.push_back(into_flat ? copy_region{t.data(), f, t.size_bytes()} : copy_region{f, t.data(), t.size_bytes()});
+  }
+  packer.copy(regions, s);
+}
+
+// opt.apply on every parameter, in order, on `s`.
+void apply_all(std::span<const parameter> params, optimizer& opt, cudaStream_t s) {
+  for (std::size_t i = 0; i < params.size(); ++i)
+    opt.apply(i, params[i].weight, device_span<const float>(params[i].gradient), s);
+}
+
+// mine = (mine + others[0] + others[1] ...) / (others + 1): the host's sums in that order, one division.
+void average_in_order(device_span<float> mine, std::span<const device_span<const float>> others, cudaStream_t s) {
+  std::vector<device_span<const float>> sources{device_span<const float>(mine)};
+  sources.insert(sources.end(), others.begin(), others.end());
+  reduce_into(mine, std::span<const device_span<const float>>(sources), reduce_op::sum, s);
+  scale_for_average(mine, static_cast<int>(others.size()) + 1, s);
+}
 }  // namespace
 
 namespace detail {
@@ -67,13 +91,7 @@ device_model::device_model(device_communicator& gpu) : gpu_(gpu) {}
 device_model::~device_model() = default;
 
 void device_model::pack(std::span<const parameter> params, part w, device_span<float> flat, bool into_flat) {
-  regions_.clear();
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const device_span<float> t = w == part::weights ? params[i].weight : params[i].gradient;
-    float* f = flat.data() + model_.offset(i);
-    regions_.push_back(into_flat ? copy_region{t.data(), f, t.size_bytes()} : copy_region{f, t.data(), t.size_bytes()});
-  }
-  packer_.copy(regions_, s_);
+  pack_flat(model_, params, w, flat.data(), into_flat, packer_, regions_, s_);
 }
 
 void device_model::start(std::string_view algo, std::span<const parameter> params, bool links) {
@@ -91,10 +109,7 @@ void device_model::check(std::string_view op, std::span<const parameter> params)
   model_.check(gpu_.rank(), op, params);
 }
 
-void device_model::apply(std::span<const parameter> params, optimizer& opt) {
-  for (std::size_t i = 0; i < params.size(); ++i)
-    opt.apply(i, params[i].weight, device_span<const float>(params[i].gradient), s_);
-}
+void device_model::apply(std::span<const parameter> params, optimizer& opt) { apply_all(params, opt, s_); }
 
 std::uint64_t device_model::average_gradients(std::span<const parameter> params, flexpar::algorithm) {
   gather_gradients(params);
@@ -150,11 +165,9 @@ std::uint64_t device_model::exchange_weights(std::span<const parameter> params, 
   std::vector<device_span<std::byte>> into;
   for (std::size_t i = 0; i < peers.size(); ++i) into.push_back(theirs_[i].span().first(n).as_bytes());
   exchange_bytes(peers, device_span<const float>(data()).as_bytes(), into);
-  // (mine + theirs in order) / (peers + 1): the host's sums and division, bit for bit
-  std::vector<device_span<const float>> sources{device_span<const float>(data())};
-  for (std::size_t i = 0; i < peers.size(); ++i) sources.emplace_back(theirs_[i].span().first(n));
-  reduce_into(data(), std::span<const device_span<const float>>(sources), reduce_op::sum, s_);
-  scale_for_average(data(), static_cast<int>(peers.size()) + 1, s_);
+  std::vector<device_span<const float>> others;
+  for (std::size_t i = 0; i < peers.size(); ++i) others.emplace_back(theirs_[i].span().first(n));
+  average_in_order(data(), others, s_);
   pack(params, part::weights, data(), false);
   return peers.size() * n * sizeof(float);
 }
@@ -180,10 +193,9 @@ void device_lpd_model::reset(std::span<const parameter> params, std::size_t k) {
 
 void device_lpd_model::average_with_replicas(std::span<const parameter> params) {
   pack(params, part::weights, x_.span(), true);
-  std::vector<device_span<const float>> sources{device_span<const float>(x_.span())};
-  for (auto& r : replicas_) sources.emplace_back(r.span());
-  reduce_into(x_.span(), std::span<const device_span<const float>>(sources), reduce_op::sum, s_);
-  scale_for_average(x_.span(), static_cast<int>(replicas_.size()) + 1, s_);
+  std::vector<device_span<const float>> others;
+  for (auto& r : replicas_) others.emplace_back(r.span());
+  average_in_order(x_.span(), others, s_);
   pack(params, part::weights, x_.span(), false);
 }
 
@@ -242,6 +254,7 @@ class minmax_device_codec {
   void encode_reduced(int me, device_span<const float> in, device_span<std::byte> out, cudaStream_t s) {
     encode(me, in, out, s);
   }
+  void check_reduced(int me, cudaStream_t s, std::chrono::milliseconds deadline) { check(me, s, deadline, me); }
   void decode(device_span<const std::byte> in, device_span<float> out, cudaStream_t s) { sizer_.decode(in, out, s); }
   /// acc += decode(in) (bit-identical to decoding into a temporary and adding it, as the host does).
   void decode_add(device_span<const std::byte> in, device_span<float> acc, device_span<float>, cudaStream_t s) {
@@ -275,13 +288,15 @@ class onebit_device_codec {
   void encode_reduced(int, device_span<const float> in, device_span<std::byte> out, cudaStream_t s) {
     server_.at(0).encode(in, out, s);
   }
+  void check_reduced(int me, cudaStream_t s, std::chrono::milliseconds deadline) {
+    server_.at(0).check(s, deadline, me);
+  }
   void decode(device_span<const std::byte> in, device_span<float> out, cudaStream_t s) { sizer_.decode(in, out, s); }
   /// acc += decode(in), through `tmp` (the host decodes into a temporary and adds).
   void decode_add(device_span<const std::byte> in, device_span<float> acc, device_span<float> tmp, cudaStream_t s) {
     sizer_.decode(in, tmp, s);
     reduce_into(acc, device_span<const float>(tmp), reduce_op::sum, s);
   }
-  [[nodiscard]] onebit& server() { return server_.at(0); }
 
  private:
   std::size_t chunk_;
@@ -336,8 +351,7 @@ class device_steps {
   void encode_reduced() {
     const int me = gpu_.rank();
     codec_.encode_reduced(me, device_span<const float>(b_.acc.data(), mine_), slot(b_.gathered, me), s_);
-    if constexpr (std::is_same_v<Codec, minmax_device_codec>)
-      codec_.check(me, s_, deadline_, me);  // an average that overflowed: the host encoder throws too
+    codec_.check_reduced(me, s_, deadline_);  // an average that overflowed: the host encoders throw too
   }
   std::uint64_t gather_reduced() {
     const device_span<std::byte> everyone = all(b_.gathered);
@@ -369,10 +383,10 @@ class device_steps {
   std::size_t widest_ = 0, mine_ = 0;
 };
 
+// `data` = the compressed average over every rank (the codec prepared for data.size() at start).
 template <class Codec>
 std::uint64_t device_compressed_average(device_communicator& gpu, device_span<float> data, Codec& codec,
                                         device_scratch& b, cudaStream_t s) {
-  codec.prepare(block_layout::even(data.size(), gpu.size()), gpu.rank());
   device_steps<Codec> m(gpu, data, codec, b, s);
   return relax::detail::compressed_average_steps(m, data.size(), gpu.size(), gpu.rank());
 }
@@ -396,6 +410,7 @@ bytegrad::~bytegrad() = default;
 void bytegrad::start(std::span<const parameter> params, cudaStream_t s) {
   model_.on(s);
   model_.start(name(), params, false);
+  b_->codec.prepare(block_layout::even(model_.data().size(), model_.size()), model_.rank());
 }
 
 void bytegrad::step(std::span<const parameter> params, optimizer& opt, cudaStream_t s) {
@@ -415,7 +430,7 @@ void bytegrad::finish(std::span<const parameter> params, cudaStream_t) { model_.
 
 namespace {
 /// momentum_adam_rule's Model on the device (relax/momentum_adam.hpp lists what it provides): the
-/// flat g, x, m, v in device memory, adam.cu's element-wise steps, and the compressed average of m
+/// flat g, x, m, v in device memory, relax_kernels.cu's element-wise steps, and the compressed average of m
 /// with the device codec.
 template <class Codec>
 class device_adam_model {
@@ -453,10 +468,7 @@ class device_adam_model {
   void momentum_update(float b1, float wd) {
     detail::adam_momentum_update(g_.span(), x_.span(), m_.span(), b1, wd, s());
   }
-  std::uint64_t average_momentum() {
-    device_steps<Codec> m(model_.gpu(), m_.span(), codec_, scratch_, s());
-    return relax::detail::compressed_average_steps(m, m_.size(), size(), rank());
-  }
+  std::uint64_t average_momentum() { return device_compressed_average(model_.gpu(), m_.span(), codec_, scratch_, s()); }
   void frozen_update(const relax::adam_options& a, float c1) {
     detail::adam_frozen_update(x_.span(), m_.span(), v_.span(), a, c1, s());
   }
@@ -543,29 +555,15 @@ detail::device_async_model::~device_async_model() = default;
 
 communicator& detail::device_async_model::links() noexcept { return *st_->links; }
 
-namespace {
-// `flat` <-> the weights of `params` (offsets of `model`): one fusion_packer launch on `s`.
-void pack_weights(const relax::detail::flat_model& model, std::span<const parameter> params, float* flat,
-                  bool into_flat, fusion_packer& packer, std::vector<copy_region>& regions, cudaStream_t s) {
-  regions.clear();
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    float* f = flat + model.offset(i);
-    const device_span<float> w = params[i].weight;
-    regions.push_back(into_flat ? copy_region{w.data(), f, w.size_bytes()} : copy_region{f, w.data(), w.size_bytes()});
-  }
-  packer.copy(regions, s);
-}
-}  // namespace
-
 void detail::device_async_model::start(std::string_view algo, std::span<const parameter> params) {
   state& st = *st_;
   model_.bind(gpu_.host(), algo, params);
   const std::size_t n = model_.size();
   for (device_buffer<float>* b : {&st.snapshot, &st.average, &st.delta}) *b = device_buffer<float>(n);
   // every rank's weights become rank 0's: pack, one broadcast, unpack
-  pack_weights(model_, params, st.snapshot.data(), true, st.packer, st.regions, s_);
+  pack_flat(model_, params, part::weights, st.snapshot.data(), true, st.packer, st.regions, s_);
   gpu_.broadcast(st.snapshot.span(), 0, s_);
-  pack_weights(model_, params, st.snapshot.data(), false, st.packer, st.regions, s_);
+  pack_flat(model_, params, part::weights, st.snapshot.data(), false, st.packer, st.regions, s_);
   st.params.assign(params.begin(), params.end());
   st.train = s_;
   st.delta_recorded = false;
@@ -583,14 +581,14 @@ void detail::device_async_model::check(std::string_view op, std::span<const para
 
 void detail::device_async_model::apply(std::span<const parameter> params, optimizer& opt) {
   st_->train = s_;  // under the weights' lock: the background thread queues its reads and writes here
-  for (std::size_t i = 0; i < params.size(); ++i)
-    opt.apply(i, params[i].weight, device_span<const float>(params[i].gradient), s_);
+  apply_all(params, opt, s_);
 }
 
 void detail::device_async_model::snapshot() {  // under the lock, on the background thread
   state& st = *st_;
   if (st.delta_recorded) FLEXPAR_CHECK_CUDA(gpu_.rank(), cudaStreamWaitEvent(st.train, st.delta_done.get(), 0));
-  pack_weights(model_, st.params, st.snapshot.data(), true, st.background_packer, st.background_regions, st.train);
+  pack_flat(model_, st.params, part::weights, st.snapshot.data(), true, st.background_packer, st.background_regions,
+            st.train);
   st.snapshot_ready.record(st.train);
 }
 
@@ -615,9 +613,9 @@ void detail::device_async_model::apply_delta() {  // under the lock: x += a - s 
 
 std::uint64_t detail::device_async_model::final_average(std::span<const parameter> params) {
   state& st = *st_;
-  pack_weights(model_, params, st.snapshot.data(), true, st.packer, st.regions, s_);
+  pack_flat(model_, params, part::weights, st.snapshot.data(), true, st.packer, st.regions, s_);
   gpu_.allreduce(st.snapshot.span(), reduce_op::avg, s_);
-  pack_weights(model_, params, st.snapshot.data(), false, st.packer, st.regions, s_);
+  pack_flat(model_, params, part::weights, st.snapshot.data(), false, st.packer, st.regions, s_);
   return relax::detail::ring_allreduce_bytes(model_.size(), gpu_.size());
 }
 

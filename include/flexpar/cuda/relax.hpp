@@ -98,8 +98,7 @@ class sgd final : public optimizer {
  private:
   relax::sgd_options options_;
   float factor_ = 1.0f;
-  std::vector<device_buffer<float>> buffer_;
-  std::vector<bool> made_;
+  std::vector<device_buffer<float>> buffer_;  // momentum per index, made on first use
 };
 
 /// The interface of the device relaxations (relax::relaxation's twin with a stream).

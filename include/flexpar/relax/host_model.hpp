@@ -31,6 +31,17 @@
 
 namespace flexpar::relax::detail {
 
+/// mine = (mine + others[0] + others[1] ...) / (others + 1), summed in that order in f32, one division
+/// (decentralized's and low_precision_decentralized's average with their peers).
+inline void average_in_order(std::span<float> mine, const std::vector<std::vector<float>>& others) {
+  const float divisor = static_cast<float>(others.size() + 1);
+  for (std::size_t k = 0; k < mine.size(); ++k) {
+    float sum = mine[k];
+    for (const auto& other : others) sum += other[k];
+    mine[k] = sum / divisor;
+  }
+}
+
 /// The relaxations' Model for host parameters (file header), over `comm` (kept by reference).
 class host_model {
  public:
@@ -72,12 +83,7 @@ class host_model {
     }
     for (int peer : peers) requests.push_back(t.isend(peer, 0, std::as_bytes(std::span<const float>(flat_))));
     wait_all(requests, links_->default_deadline());
-    const float divisor = static_cast<float>(peers.size() + 1);
-    for (std::size_t k = 0; k < flat_.size(); ++k) {
-      float sum = flat_[k];
-      for (const auto& other : theirs_) sum += other[k];
-      flat_[k] = sum / divisor;
-    }
+    average_in_order(flat_, theirs_);
     model_.scatter_weights(flat_, params);
     return peers.size() * flat_.size() * sizeof(float);
   }

@@ -113,12 +113,7 @@ class host_lpd_model : public host_model {
   }
   void average_with_replicas(std::span<const parameter> params) {
     model_.gather_weights(params, x_);
-    const float divisor = static_cast<float>(replicas_.size() + 1);
-    for (std::size_t i = 0; i < x_.size(); ++i) {
-      float sum = x_[i];
-      for (const auto& replica : replicas_) sum += replica[i];
-      x_[i] = sum / divisor;
-    }
+    average_in_order(x_, replicas_);
     model_.scatter_weights(x_, params);
   }
   void send_difference(std::span<const parameter> params) {
