@@ -9,10 +9,11 @@
 //  2. Cross-rank hop: source on rank 0 -> sink on rank 1, time per message in a stream (register
 //     counts 1 and 4), next to the raw transport's one-way latency (ping-pong / 2) and its own
 //     streaming time per message, over the same kind of transport.
-//  3. Pipeline: p = size stages (one per rank), forward cost --stage-us and backward 2x, done with
-//     sleep (not spin) so that ranks oversubscribing the cores do not stretch each other's stages;
-//     the bubble = 1 - sum(busy) / (p x step time), next to (p - 1) / (m + p - 1); and the measured
-//     peak of activations in flight per stage, GPipe next to 1F1B.
+//  3. Pipeline: p = size ranks; GPipe and 1F1B with one stage per rank (forward cost --stage-us,
+//     backward 2x) and interleaved 1F1B with two stages per rank of half that cost each (the same
+//     work), done with sleep (not spin) so that ranks oversubscribing the cores do not stretch each
+//     other's stages; the bubble = 1 - sum(busy) / (p x step time), next to the theory
+//     (p - 1) / (v m + p - 1); and each stage's measured stash peak next to its register count.
 // Each run's result is checked after its timing (the chain's sum, the messages that crossed, the
 // pipeline's losses and stash peaks); the exit status is 1 when one is wrong.
 #include <mpi.h>
@@ -266,46 +267,58 @@ int main(int argc, char** argv) {
     }
 
     sleeping_barrier(comm);
-    // 3. Pipeline bubble and activation peaks: one stage per rank.
+    // 3. Pipeline bubble and activation peaks: GPipe and 1F1B with one stage per rank, interleaved
+    // 1F1B with two per rank (stage j on rank j mod p, each half the work: the same model).
     const int p = size;
-    for (auto schedule : {flexpar::pipeline_schedule::gpipe, flexpar::pipeline_schedule::one_f_one_b}) {
+    struct variant {
+      const char* name;
+      flexpar::pipeline_schedule schedule;
+      int per_rank;
+    };
+    for (const variant& v : {variant{"gpipe", flexpar::pipeline_schedule::gpipe, 1},
+                             variant{"1f1b", flexpar::pipeline_schedule::one_f_one_b, 1},
+                             variant{"interleaved 1f1b", flexpar::pipeline_schedule::one_f_one_b, 2}}) {
       if (!wanted("pipeline")) break;
+      const int stages = p * v.per_rank;
+      const int forward_us = stage_us / v.per_rank;
       if (rank == 0) {
         std::printf(
-            "\n# pipeline %s: p = %d stages (one per rank), forward %d us, backward %d us (sleep), median of %d\n",
-            std::string(flexpar::name_of(schedule)).c_str(), p, stage_us, 2 * stage_us, reps);
+            "\n# pipeline %s: %d stage(s) on %d rank(s) (%d per rank), forward %d us, backward %d us per stage "
+            "(sleep), median of %d\n",
+            v.name, stages, p, v.per_rank, forward_us, 2 * forward_us, reps);
         std::printf(
-            "| m | bubble measured | bubble theory (p-1)/(m+p-1) | measured / theory | peak activations per stage |\n");
-        std::printf("|---|---|---|---|---|\n");
+            "| m | bubble measured | bubble theory (p-1)/(v m+p-1) | measured / theory | step ms | peak / stash "
+            "registers per stage |\n");
+        std::printf("|---|---|---|---|---|---|\n");
       }
       for (int m : {4, 8, 16}) {
         flexpar::pipeline_builder b(comm);
-        for (int s = 0; s < p; ++s) {
+        for (int s = 0; s < stages; ++s) {
           std::string label = "stage";
           label += std::to_string(s);
-          b.stage(s, {label,
-                      [stage_us](int, const std::vector<float>& x, std::vector<float>& y) {
-                        std::this_thread::sleep_for(std::chrono::microseconds(stage_us));
-                        y = x;
-                      },
-                      [stage_us](int, const std::vector<float>&, const std::vector<float>&,
-                                 const std::vector<float>& gy, std::vector<float>& gx) {
-                        std::this_thread::sleep_for(std::chrono::microseconds(2 * stage_us));
-                        gx = gy;
-                      }});
+          b.stage(s % p, {label,
+                          [forward_us](int, const std::vector<float>& x, std::vector<float>& y) {
+                            std::this_thread::sleep_for(std::chrono::microseconds(forward_us));
+                            y = x;
+                          },
+                          [forward_us](int, const std::vector<float>&, const std::vector<float>&,
+                                       const std::vector<float>& gy, std::vector<float>& gx) {
+                            std::this_thread::sleep_for(std::chrono::microseconds(2 * forward_us));
+                            gx = gy;
+                          }});
         }
-        b.micro_batches(m).schedule(schedule);
+        b.micro_batches(m).schedule(v.schedule);
         b.input([](int mb, std::vector<float>& x) { x.assign(16, static_cast<float>(mb + 1)); });
         b.loss([](int, const std::vector<float>& y, std::vector<float>& g) {  // sum(y): 16 (mb + 1) through identities
           g.assign(y.size(), 1.0f);
           float sum = 0.0f;
-          for (float v : y) sum += v;
+          for (float x : y) sum += x;
           return sum;
         });
         flexpar::pipeline pipe = b.build();
-        std::vector<double> bubbles;
-        unsigned long peak = 0;
-        std::vector<unsigned long> peaks(static_cast<std::size_t>(p));
+        std::vector<double> bubbles, steps;
+        std::vector<unsigned long> peak(static_cast<std::size_t>(v.per_rank), 0),
+            peaks(static_cast<std::size_t>(stages));
         for (int r = 0; r < reps; ++r) {
           MPI_Barrier(comm.mpi_comm());
           const auto stats = pipe.run_step(comm.default_deadline());
@@ -313,32 +326,43 @@ int main(int argc, char** argv) {
           MPI_Reduce(&busy, &busy_sum, 1, MPI_DOUBLE, MPI_SUM, 0, comm.mpi_comm());
           MPI_Reduce(&stats.step_seconds, &step_max, 1, MPI_DOUBLE, MPI_MAX, 0, comm.mpi_comm());
           bubbles.push_back(1.0 - busy_sum / (p * step_max));
-          peak = stats.peak_activations;
-          // the step's result, after its timing: every micro-batch's loss on the last stage, and this
-          // stage's stash peak as the schedule has it (doc/actors.md: GPipe m, 1F1B min(p - s, m))
-          bool right = stats.losses.size() == (stats.stage == p - 1 ? static_cast<std::size_t>(m) : 0u);
+          steps.push_back(step_max);
+          // the step's result, after its timing: every micro-batch's loss on the last stage's rank, and
+          // every stage's stash peak within its register count
+          const bool last_here = (stages - 1) % p == rank;
+          bool right = stats.losses.size() == (last_here ? static_cast<std::size_t>(m) : 0u) &&
+                       stats.stages.size() == static_cast<std::size_t>(v.per_rank);
           for (std::size_t mb = 0; right && mb < stats.losses.size(); ++mb)
             right = stats.losses[mb] == 16.0f * static_cast<float>(mb + 1);
-          const std::size_t want_peak = schedule == flexpar::pipeline_schedule::gpipe
-                                            ? static_cast<std::size_t>(m)
-                                            : static_cast<std::size_t>(std::min(p - stats.stage, m));
-          if (!right || stats.peak_activations != want_peak) {
-            std::fprintf(stderr, "pipeline %s m = %d, stage %d: %zu losses, peak %zu (expected peak %zu)\n",
-                         std::string(flexpar::name_of(schedule)).c_str(), m, stats.stage, stats.losses.size(),
-                         stats.peak_activations, want_peak);
+          for (std::size_t k = 0; right && k < stats.stages.size(); ++k) {
+            right = stats.stages[k].peak_activations >= 1 &&
+                    stats.stages[k].peak_activations <= stats.stages[k].stash_registers;
+            peak[k] = std::max<unsigned long>(peak[k], stats.stages[k].peak_activations);
+          }
+          if (!right) {
+            std::fprintf(stderr, "pipeline %s m = %d, rank %d: %zu losses, a stash peak outside [1, count]\n", v.name,
+                         m, rank, stats.losses.size());
             ++failures;
           }
         }
-        MPI_Gather(&peak, 1, MPI_UNSIGNED_LONG, peaks.data(), 1, MPI_UNSIGNED_LONG, 0, comm.mpi_comm());
+        // peaks[j] for stage j: rank r's k-th stage is r + k p
+        std::vector<unsigned long> gathered(static_cast<std::size_t>(stages));
+        MPI_Gather(peak.data(), v.per_rank, MPI_UNSIGNED_LONG, gathered.data(), v.per_rank, MPI_UNSIGNED_LONG, 0,
+                   comm.mpi_comm());
         if (rank == 0) {
-          const double theory = static_cast<double>(p - 1) / (m + p - 1);
+          for (int r = 0; r < p; ++r)
+            for (int k = 0; k < v.per_rank; ++k)
+              peaks[static_cast<std::size_t>(r + k * p)] = gathered[static_cast<std::size_t>(r * v.per_rank + k)];
+          const double theory = flexpar::pipeline_bubble_theory(p, v.per_rank, m);
           std::string peak_text;
-          for (int s = 0; s < p; ++s) {
+          for (int s = 0; s < stages; ++s) {
             if (s) peak_text += " ";
             peak_text += std::to_string(peaks[static_cast<std::size_t>(s)]);
+            peak_text += "/";
+            peak_text += std::to_string(pipe.stash()[static_cast<std::size_t>(s)]);
           }
-          std::printf("| %d | %.3f | %.3f | %.2f | %s |\n", m, median(bubbles), theory, median(bubbles) / theory,
-                      peak_text.c_str());
+          std::printf("| %d | %.3f | %.3f | %.2f | %.1f | %s |\n", m, median(bubbles), theory,
+                      theory > 0 ? median(bubbles) / theory : 0.0, median(steps) * 1e3, peak_text.c_str());
           std::fflush(stdout);
         }
       }

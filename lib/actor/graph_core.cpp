@@ -5,6 +5,7 @@
 #include <flexpar/timeline.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 namespace flexpar::detail {
@@ -96,9 +97,60 @@ void graph_core::check(actor_node& n) {
 
 bool graph_core::drained(const in_base& i) noexcept { return i.queue.empty() && i.producer && i.producer->ended; }
 
+namespace {
+// The message number of a ready actor's oldest message: the earliest its producer published among
+// the fronts of its mailboxes (a pipeline's micro-batch). Sources have none: they come last.
+std::uint64_t oldest_message(const actor_node& n) noexcept {
+  std::uint64_t oldest = std::numeric_limits<std::uint64_t>::max();
+  for (const in_base* i : n.inputs) oldest = std::min(oldest, i->queue.front()->sequence);
+  return oldest;
+}
+}  // namespace
+
+void graph_core::set_stream_order(int s, std::vector<actor_node*> order) {
+  if (started_ || s < 0) {
+    throw error_on<usage_error>(rank_, "actor graph", "set_stream_order(", s,
+                                "): needs a stream >= 0 and a graph that has not started");
+  }
+  for (const actor_node* n : order) {
+    if (n->stream_ != s) {
+      throw error_on<usage_error>(rank_, "actor graph", "set_stream_order(", s, "): actor '", n->label(),
+                                  "' is on stream ", n->stream_);
+    }
+  }
+  if (static_cast<std::size_t>(s) >= stream_plans_.size()) stream_plans_.resize(static_cast<std::size_t>(s) + 1);
+  stream_plans_[static_cast<std::size_t>(s)] = {std::move(order), 0};
+}
+
+bool graph_core::in_turn(const actor_node& n) const noexcept {
+  if (n.stream_ < 0) return true;
+  const auto s = static_cast<std::size_t>(n.stream_);
+  if (s < stream_busy_.size() && stream_busy_[s]) return false;
+  if (s >= stream_plans_.size() || stream_plans_[s].order.empty()) return true;
+  const stream_plan& plan = stream_plans_[s];
+  return plan.next < plan.order.size() && plan.order[plan.next] == &n;
+}
+
+std::deque<actor_node*>::iterator graph_core::next_ready() noexcept {
+  auto best = ready_.end();
+  for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+    if (!in_turn(**it)) continue;
+    if (best == ready_.end() || (*it)->priority_ > (*best)->priority_ ||
+        ((*it)->priority_ == (*best)->priority_ && oldest_message(**it) < oldest_message(**best)))
+      best = it;
+  }
+  return best;
+}
+
 void graph_core::begin_fire(actor_node& n) {
   n.state_ = node_state::running;
   ++running_;
+  if (n.stream_ >= 0) {
+    const auto s = static_cast<std::size_t>(n.stream_);
+    if (s >= stream_busy_.size()) stream_busy_.resize(s + 1, 0);
+    stream_busy_[s] = 1;
+    if (s < stream_plans_.size() && !stream_plans_[s].order.empty()) ++stream_plans_[s].next;
+  }
   n.fire_in_.clear();
   n.fire_out_.clear();
   for (in_base* i : n.inputs) {
@@ -126,9 +178,10 @@ std::exception_ptr graph_core::invoke(actor_node& n, fire_result& result) noexce
 void graph_core::end_fire(actor_node& n, fire_result result) {
   --running_;
   n.state_ = node_state::idle;
+  end_stream(n);
   ++n.firings_;
   for (regst_base* r : n.fire_out_) {
-    if (result == fire_result::emit)
+    if (result == fire_result::emit || result == fire_result::last)
       publish(*r);
     else
       unacquire(*r);
@@ -136,16 +189,23 @@ void graph_core::end_fire(actor_node& n, fire_result result) {
   for (regst_base* r : n.fire_in_) release(*r);
   n.fire_in_.clear();
   n.fire_out_.clear();
-  if (result == fire_result::done)
+  if (result == fire_result::done || result == fire_result::last)
     finish(n);
   else
     check(n);
   if (over()) done_cv.notify_all();
 }
 
+void graph_core::end_stream(actor_node& n) {
+  if (n.stream_ < 0) return;
+  stream_busy_[static_cast<std::size_t>(n.stream_)] = 0;
+  if (!ready_.empty()) work_cv.notify_one();  // an actor of the stream may wait in the queue
+}
+
 void graph_core::fail(actor_node& n, std::exception_ptr e) {
   --running_;
   n.state_ = node_state::idle;
+  end_stream(n);
   if (!error_) {
     error_ = std::move(e);
     error_label_ = n.label();
@@ -162,9 +222,11 @@ void graph_core::stop() {
 }
 
 bool graph_core::fire_one(std::unique_lock<std::mutex>& lock) {
-  if (stopping_ || ready_.empty()) return false;
-  actor_node& n = *ready_.front();
-  ready_.pop_front();
+  if (stopping_) return false;
+  const auto next = next_ready();
+  if (next == ready_.end()) return false;
+  actor_node& n = **next;
+  ready_.erase(next);
   begin_fire(n);
   lock.unlock();
   fire_result result = fire_result::emit;
@@ -180,7 +242,7 @@ bool graph_core::fire_one(std::unique_lock<std::mutex>& lock) {
 void graph_core::work() {
   std::unique_lock lock(mutex);
   for (;;) {
-    work_cv.wait(lock, [&] { return !ready_.empty() || stopping_ || complete(); });
+    work_cv.wait(lock, [&] { return next_ready() != ready_.end() || stopping_ || complete(); });
     if (stopping_ || (complete() && ready_.empty())) return;
     fire_one(lock);
   }
@@ -232,6 +294,22 @@ timeout_error graph_core::timeout(std::string_view op) const {
     text += n->label();
     text += "' waits for ";
     text += n->waiting_for();
+    const auto s = static_cast<std::size_t>(n->stream_);
+    if (n->stream_ >= 0 && s < stream_plans_.size() && !stream_plans_[s].order.empty()) {
+      const stream_plan& plan = stream_plans_[s];
+      text += " (stream ";
+      text += std::to_string(n->stream_);
+      text += "'s order is at ";
+      text += std::to_string(plan.next);
+      text += " of ";
+      text += std::to_string(plan.order.size());
+      if (plan.next < plan.order.size()) {
+        text += ", next '";
+        text += plan.order[plan.next]->label();
+        text += "'";
+      }
+      text += ")";
+    }
     text += ";";
   }
   return timeout_error(text);

@@ -35,19 +35,6 @@ struct read_op {
   std::span<std::byte> dst;  // the target's bytes
 };
 
-/// The common box of `a` and `b` (elements() == 0 when they do not meet).
-sbp::box intersect(const sbp::box& a, const sbp::box& b) {
-  const std::size_t n = a.offset.size();
-  sbp::box out{sbp::shape_t(n), sbp::shape_t(n)};
-  for (std::size_t k = 0; k < n; ++k) {
-    const std::size_t lo = std::max(a.offset[k], b.offset[k]);
-    const std::size_t hi = std::min(a.offset[k] + a.extent[k], b.offset[k] + b.extent[k]);
-    out.offset[k] = lo;
-    out.extent[k] = hi > lo ? hi - lo : 0;
-  }
-  return out;
-}
-
 /// Calls run(from_byte, to_byte, bytes) for each contiguous run of `part` (a box inside both the
 /// row-major boxes `from` and `to`), in increasing order of from_byte. Inner axes that `part` covers
 /// whole in both are merged first (sbp::merge_whole_inner_axes), so a box of whole rows is one run.
@@ -245,7 +232,7 @@ void load_here(int rank, int size, const std::filesystem::path& dir, const state
     }
     std::size_t covered = 0;
     for (const region& g : t.regions) {
-      sbp::box common = intersect(target, g.box);
+      sbp::box common = sbp::intersect(target, g.box);
       if (common.elements() == 0) continue;
       covered += common.elements();
       reads.push_back({&t, &g, target, std::move(common), p.bytes});

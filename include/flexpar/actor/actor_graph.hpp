@@ -25,7 +25,9 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -158,6 +160,59 @@ class actor_with_body final : public actor<Ports...> {
 };
 }  // namespace detail
 
+/// An actor whose number of ports is a run-time value: `inputs` in<T> then `outputs`
+/// out<T, dynamic_registers>, all of one payload type (OneFlow's boxing actors: gather k pieces,
+/// split into k). The body gets the oldest message of every input and a free register of every
+/// output, as pointers in port order. Built by actor_graph::add_dynamic_actor.
+template <class T>
+class dynamic_actor final : public detail::actor_node {
+ public:
+  /// The body: body(inputs, outputs) -> fire_result.
+  using body_type = std::function<fire_result(std::span<const T* const>, std::span<T* const>)>;
+
+  /// An actor labelled `label` on `rank` (built by add_dynamic_actor).
+  dynamic_actor(std::string label, int rank, detail::node_kind kind, std::size_t inputs, std::size_t outputs,
+                body_type body)
+      : actor_node(std::move(label), rank, kind), body_(std::move(body)) {
+    for (std::size_t i = 0; i < inputs; ++i) {
+      in_.push_back(std::make_unique<in<T>>());
+      in_.back()->consumer = this;
+      in_.back()->index = static_cast<int>(i);
+      this->inputs.push_back(in_.back().get());
+    }
+    for (std::size_t i = 0; i < outputs; ++i) {
+      out_.push_back(std::make_unique<out<T, dynamic_registers>>());
+      out_.back()->producer = this;
+      out_.back()->index = static_cast<int>(i);
+      this->outputs.push_back(out_.back().get());
+    }
+  }
+  /// Input `i`.
+  [[nodiscard]] in<T>& input(std::size_t i) noexcept { return *in_[i]; }
+  /// Output `i` (set its register count before connecting it; 1 by default).
+  [[nodiscard]] out<T, dynamic_registers>& output(std::size_t i) noexcept { return *out_[i]; }
+  /// Number of inputs.
+  [[nodiscard]] std::size_t input_count() const noexcept { return in_.size(); }
+  /// Number of outputs.
+  [[nodiscard]] std::size_t output_count() const noexcept { return out_.size(); }
+
+  /// Calls the body with the payloads of the firing's registers.
+  fire_result invoke(std::span<detail::regst_base* const> in, std::span<detail::regst_base* const> out) override {
+    in_values_.clear();
+    out_values_.clear();
+    for (detail::regst_base* r : in) in_values_.push_back(&static_cast<regst<T>*>(r)->value);
+    for (detail::regst_base* r : out) out_values_.push_back(&static_cast<regst<T>*>(r)->value);
+    return body_(in_values_, out_values_);
+  }
+
+ private:
+  std::vector<std::unique_ptr<in<T>>> in_;
+  std::vector<std::unique_ptr<out<T, dynamic_registers>>> out_;
+  body_type body_;
+  std::vector<const T*> in_values_;
+  std::vector<T*> out_values_;
+};
+
 /// A graph of actors on one rank or across the ranks of a communicator. Run it with an
 /// actor_executor (executor.hpp) or step it with a deterministic_scheduler. A graph runs once.
 class actor_graph {
@@ -167,10 +222,24 @@ class actor_graph {
 
   /// Collective over `comm`: a graph whose actors may sit on any rank of `comm`. Cross-rank edges
   /// move bytes on a private split of comm's transport (never mixing with comm's own messages);
-  /// the internal waits of the protocol use comm's timeout. `comm` must outlive nothing here.
+  /// the internal waits of the protocol use comm's timeout, and an idle run() polls for comm's
+  /// spin time before it sleeps between polls (config::spin, FLEXPAR_SPIN_US). `comm` must outlive nothing here.
   explicit actor_graph(communicator& comm) : core_(std::make_unique<detail::graph_core>(comm.rank(), comm.size())) {
     core_->bus = comm.transport().split(0, comm.rank());
     core_->bus_timeout = comm.settings().timeout;
+    core_->bus_spin = comm.settings().spin;
+  }
+
+  /// A graph over `comm` whose cross-rank edges use `bus`, a split of comm's transport that the
+  /// caller keeps for a series of graphs (one split, then a graph per step, as pipeline does). The
+  /// graphs on one bus must run one after another, each completing on every rank before the next
+  /// starts (an edge's tags are reused by the next graph's edge of the same number).
+  actor_graph(communicator& comm, std::shared_ptr<transport> bus)
+      : core_(std::make_unique<detail::graph_core>(comm.rank(), comm.size())) {
+    if (!bus) throw error_on<usage_error>(comm.rank(), "actor_graph", "the bus transport is null");
+    core_->bus = std::move(bus);
+    core_->bus_timeout = comm.settings().timeout;
+    core_->bus_spin = comm.settings().spin;
   }
 
   /// Adds an actor on this rank (a one-rank graph) or on every rank (each runs its own copy).
@@ -192,6 +261,27 @@ class actor_graph {
     auto node =
         std::make_unique<detail::actor_with_body<Body, Ports...>>(std::move(label), rank, kind, std::move(body));
     return static_cast<actor<Ports...>&>(core_->add(std::move(node)));
+  }
+
+  /// Adds an actor placed on `rank` with `inputs` in<T> and `outputs` out<T, dynamic_registers>
+  /// (see dynamic_actor). @throws usage_error if `rank` is out of range or it has no port at all.
+  template <class T>
+  dynamic_actor<T>& add_dynamic_actor(int rank, std::string label, std::size_t inputs, std::size_t outputs,
+                                      typename dynamic_actor<T>::body_type body) {
+    if (rank < 0 || rank >= core_->size() || inputs + outputs == 0) {
+      throw error_on<usage_error>(core_->rank(), "", "add_dynamic_actor '", label, "': placed on rank ", rank,
+                                  " of a graph of ", core_->size(), " rank(s) with ", inputs, " input(s) and ", outputs,
+                                  " output(s); it needs a rank of the graph and at least one port");
+    }
+    const auto kind = rank == core_->rank() ? detail::node_kind::local : detail::node_kind::elsewhere;
+    auto node = std::make_unique<dynamic_actor<T>>(std::move(label), rank, kind, inputs, outputs, std::move(body));
+    return static_cast<dynamic_actor<T>&>(core_->add(std::move(node)));
+  }
+
+  /// Fixes the order in which the actors of this rank's stream `stream` fire (graph_core::set_stream_order):
+  /// exactly `order`, an actor possibly many times. @throws usage_error if an actor is on another stream.
+  void set_stream_order(int stream, std::vector<detail::actor_node*> order) {
+    core_->set_stream_order(stream, std::move(order));
   }
 
   /// Connects an output to an input of the same payload type; the input's messages are the
@@ -230,7 +320,7 @@ class actor_graph {
       from.consumers.push_back(&mailbox);
       to.producer = &from;  // marks `to` connected on this rank too
     } else if (c == me) {
-      auto end = std::make_unique<detail::remote_receiver<T, N>>(label, me, p, channel);
+      auto end = std::make_unique<detail::remote_receiver<T, N>>(label, me, p, channel, from.register_count());
       auto& output = end->output();
       core_->add(std::move(end));
       to.producer = &output;

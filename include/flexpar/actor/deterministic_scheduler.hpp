@@ -8,10 +8,12 @@
 // under actor_executor; only the choice of the next firing differs.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <flexpar/actor/actor_graph.hpp>
@@ -54,7 +56,8 @@ class deterministic_scheduler {
     text += a.waiting_for();
     throw usage_error(text);
   }
-  /// Fires one ready actor chosen uniformly with `rng`; with cross-rank edges, polls them first.
+  /// Fires one ready actor chosen uniformly with `rng` (among those in turn on a stream with a fixed
+  /// order); with cross-rank edges, polls them first.
   /// Returns false if nothing could fire (complete, or waiting on another rank).
   bool step_random(std::mt19937_64& rng) {
     if (core_.has_remote()) {
@@ -62,9 +65,12 @@ class deterministic_scheduler {
       if (core_.failed()) abort_and_rethrow();
     }
     auto& queue = core_.ready();
-    if (queue.empty()) return false;
-    std::uniform_int_distribution<std::size_t> pick(0, queue.size() - 1);
-    const auto it = queue.begin() + static_cast<std::ptrdiff_t>(pick(rng));
+    std::vector<std::size_t> can;  // ready, and next on its stream where the stream has a fixed order
+    for (std::size_t i = 0; i < queue.size(); ++i)
+      if (core_.in_turn(*queue[i])) can.push_back(i);
+    if (can.empty()) return false;
+    std::uniform_int_distribution<std::size_t> pick(0, can.size() - 1);
+    const auto it = queue.begin() + static_cast<std::ptrdiff_t>(can[pick(rng)]);
     detail::actor_node& a = **it;
     queue.erase(it);
     fire(a);
@@ -85,6 +91,55 @@ class deterministic_scheduler {
       if (core_.has_remote()) core_.abort_remote(deadline_after(std::chrono::milliseconds(100)));
       throw e;
     }
+  }
+  /// One round of a machine whose every firing takes one time unit: each stream fires its ready
+  /// actor of highest priority (equal: the one ready first) and every ready actor without a stream
+  /// fires, all chosen before any fires (what a firing makes ready waits for the next round).
+  /// With cross-rank edges, polls them first. Returns the number of actors fired.
+  std::size_t step_round() {
+    if (core_.has_remote()) {
+      core_.poll_remote();
+      if (core_.failed()) abort_and_rethrow();
+    }
+    std::vector<detail::actor_node*> chosen;
+    for (detail::actor_node* n : core_.ready()) {
+      if (!core_.in_turn(*n)) continue;
+      auto same = std::find_if(chosen.begin(), chosen.end(), [&](const detail::actor_node* c) {
+        return n->stream() >= 0 && c->stream() == n->stream();
+      });
+      if (same == chosen.end())
+        chosen.push_back(n);
+      else if (n->priority() > (*same)->priority())
+        *same = n;
+    }
+    auto& queue = core_.ready();
+    for (detail::actor_node* n : chosen) {
+      queue.erase(std::find(queue.begin(), queue.end(), n));
+      fire(*n);
+    }
+    return chosen.size();
+  }
+  /// Rounds (step_round) until every actor of this rank has finished; returns the rounds that fired
+  /// something: the length of the schedule in time units when every firing takes one.
+  /// @throws actor_failure from a body; timeout_error at `until`, or at once when a one-rank graph
+  ///         can fire nothing and is not complete (naming what each actor waits for).
+  std::size_t run_rounds(deadline until) {
+    std::size_t rounds = 0;
+    while (!core_.complete()) {
+      if (step_round() > 0) {
+        ++rounds;
+      } else {
+        if (!core_.has_remote()) break;
+        std::this_thread::yield();
+      }
+      if (clock::now() >= until) break;
+    }
+    if (!core_.complete()) {
+      const timeout_error e = core_.timeout("deterministic_scheduler::run_rounds");
+      if (core_.has_remote()) core_.abort_remote(deadline_after(std::chrono::milliseconds(100)));
+      throw e;
+    }
+    return rounds;
   }
   /// Every actor of this rank has finished.
   [[nodiscard]] bool complete() const noexcept { return core_.complete(); }

@@ -2,7 +2,8 @@
 //
 // The pool is an object the caller owns (no global pool). run() hands a graph to the workers,
 // which fire ready actors until every actor of this rank has finished; the calling thread meanwhile
-// drives the graph's cross-rank edges (so only the caller's thread touches the transport: MPI's
+// drives the graph's cross-rank edges (and fires actors too, unless the pool was made with
+// caller_fires = false) (so only the caller's thread touches the transport: MPI's
 // THREAD_FUNNELED level is enough when run() is called from the main thread).
 #pragma once
 
@@ -20,8 +21,11 @@ namespace flexpar {
 /// Worker threads that fire the actors of one graph at a time.
 class actor_executor {
  public:
-  /// A pool of `threads` workers (>= 1). @throws usage_error for 0.
-  explicit actor_executor(std::size_t threads);
+  /// A pool of `threads` workers (>= 1). With cross-rank edges, run()'s caller drives them and, if
+  /// `caller_fires`, also fires ready actors between its polls (no wake-up of a worker for a short
+  /// firing); with `caller_fires` false it only drives the edges (a progress thread: no message waits
+  /// behind a long body, as a pipeline stage's). @throws usage_error for 0 threads.
+  explicit actor_executor(std::size_t threads, bool caller_fires = true);
   /// Joins the workers (after the graph running, if any, is over).
   ~actor_executor();
   actor_executor(const actor_executor&) = delete;
@@ -48,6 +52,7 @@ class actor_executor {
   std::uint64_t generation_ = 0;
   std::size_t busy_ = 0;  // workers inside job_
   bool shutdown_ = false;
+  bool caller_fires_;
   std::vector<std::thread> workers_;
 };
 

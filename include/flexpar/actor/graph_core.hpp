@@ -30,6 +30,7 @@ enum class fire_result : unsigned char {
   emit,  ///< publish every output register to the consumers (a body returning void means this)
   skip,  ///< consumed the inputs but publish nothing (e.g. accumulating); the registers stay free
   done,  ///< end of stream: publish nothing, the actor finishes and its consumers end after draining
+  last,  ///< publish every output register, then end the stream as `done` (a source's last message)
 };
 
 /// An exception thrown inside an actor's body, as the caller of run()/step() sees it: the text names
@@ -75,6 +76,19 @@ class actor_node {
   /// How many times the body ran (local actors).
   [[nodiscard]] std::uint64_t firings() const noexcept { return firings_; }
 
+  /// Puts the actor on stream `s` (>= 0): actors of one stream never fire at the same time, as the
+  /// kernels of one device stream or the actors of one OneFlow thread; -1 (the default): no stream.
+  /// Set it before the graph starts.
+  void set_stream(int s) noexcept { stream_ = s < 0 ? -1 : s; }
+  /// The actor's stream, or -1.
+  [[nodiscard]] int stream() const noexcept { return stream_; }
+  /// Among the ready actors, a higher priority fires first; among equal priorities, the one holding
+  /// the oldest message (the lowest number its producer gave it: in a pipeline, the earliest
+  /// micro-batch), then the one ready first. Default 0. Set it before the graph starts.
+  void set_priority(int p) noexcept { priority_ = p; }
+  /// The actor's priority.
+  [[nodiscard]] int priority() const noexcept { return priority_; }
+
   /// Runs the body once on the registers taken by graph_core::begin_fire (no lock held).
   virtual fire_result invoke(std::span<regst_base* const> inputs, std::span<regst_base* const> outputs) = 0;
   /// Cross-rank ends: progress the protocol (poll thread only, no lock held). True if anything moved.
@@ -92,6 +106,8 @@ class actor_node {
   node_kind kind_;
   node_state state_ = node_state::idle;
   std::uint64_t firings_ = 0;
+  int stream_ = -1;
+  int priority_ = 0;
   std::vector<regst_base*> fire_in_, fire_out_;  // the registers of the firing in progress
 };
 
@@ -118,8 +134,17 @@ class graph_core {
   void end_fire(actor_node& n, fire_result result);
   /// The body of `n` threw `e`: stop the graph, remember the first error and its label.
   void fail(actor_node& n, std::exception_ptr e);
-  /// One whole firing of a ready actor from the ready queue (takes and releases the lock).
-  /// False if the graph stopped or nothing is ready.
+  /// Fixes the order in which the actors of stream `s` fire: exactly `order` (an actor may appear
+  /// many times), as a compiled plan fixes the order of a device's operations; once the order is
+  /// spent, nothing more of the stream fires. Before start().
+  void set_stream_order(int s, std::vector<actor_node*> order);
+  /// `n`'s stream is free and, where the stream has an order, `n` is next in it.
+  [[nodiscard]] bool in_turn(const actor_node& n) const noexcept;
+  /// The ready actor to fire next: the highest priority that is in_turn() (equal: the oldest
+  /// message, then the first ready), or ready().end() if none can fire now.
+  [[nodiscard]] std::deque<actor_node*>::iterator next_ready() noexcept;
+  /// One whole firing of the next_ready() actor (takes and releases the lock).
+  /// False if the graph stopped or nothing can fire.
   bool fire_one(std::unique_lock<std::mutex>& lock);
   /// Worker loop of a pool thread: fire ready actors until the graph completes or stops.
   void work();
@@ -178,10 +203,13 @@ class graph_core {
   /// This rank and the graph's world size.
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
-  /// The private transport of cross-rank edges (null on a one-rank graph).
-  std::unique_ptr<transport> bus;
+  /// The private transport of cross-rank edges (null on a one-rank graph); shared by the graphs
+  /// that run one after another on it (actor_graph(comm, bus)).
+  std::shared_ptr<transport> bus;
   /// Deadline length of the cross-rank ends' internal waits.
   clock::duration bus_timeout = std::chrono::seconds(300);
+  /// How long the executor polls an idle graph before it sleeps between polls (config::spin).
+  std::chrono::microseconds bus_spin{100000};
   /// Records every firing as a span on the actor's track, if set (not owned).
   timeline* trace = nullptr;
   /// The caller of run() fires ready actors between its polls (cross-rank graphs): pool workers are
@@ -190,11 +218,18 @@ class graph_core {
 
  private:
   void check(actor_node& n);
+  void end_stream(actor_node& n);  // n's stream is free again
 
   int rank_, size_;
   std::vector<std::unique_ptr<actor_node>> nodes_;
   std::vector<actor_node*> remote_;
   std::deque<actor_node*> ready_;  // queued actors, oldest first
+  std::vector<char> stream_busy_;  // by stream: an actor of it is firing
+  struct stream_plan {
+    std::vector<actor_node*> order;
+    std::size_t next = 0;
+  };
+  std::vector<stream_plan> stream_plans_;  // by stream: a fixed order (empty: none)
   std::size_t unfinished_ = 0;
   std::size_t running_ = 0;
   bool started_ = false;

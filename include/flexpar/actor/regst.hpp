@@ -15,9 +15,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <limits>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#include <flexpar/core/error.hpp>
 
 namespace flexpar {
 
@@ -121,6 +125,50 @@ class out final : public detail::out_base {
 
  private:
   std::array<regst<T>, N> registers_;
+};
+
+/// The register count of an `out<T, dynamic_registers>`: chosen at run time with
+/// `set_register_count(n)` (before the output is connected), as std::dynamic_extent is for a span.
+inline constexpr std::size_t dynamic_registers = std::numeric_limits<std::size_t>::max();
+
+/// An output whose register count is a run-time value (1 until set): a pipeline stage's stash, whose
+/// count is the schedule's, is one.
+template <class T>
+class out<T, dynamic_registers> final : public detail::out_base {
+ public:
+  using value_type = T;  ///< the payload type of this output
+  /// The register count is not a compile-time value.
+  static constexpr std::size_t count = dynamic_registers;
+
+  out() { set_register_count(1); }
+  /// Sets the register count to `n` (>= 1). Call it before connect(): a cross-rank consumer takes
+  /// the count when the edge is made. @throws usage_error for 0 or once the output is connected.
+  void set_register_count(std::size_t n) {
+    if (n == 0) throw usage_error("flexpar::out<T, dynamic_registers>: an output needs at least one register");
+    if (!consumers.empty()) {
+      throw usage_error(
+          "flexpar::out<T, dynamic_registers>::set_register_count: the output is already connected; set the "
+          "register count before connect()");
+    }
+    registers_.clear();
+    free_list.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      registers_.push_back(std::make_unique<regst<T>>());
+      registers_.back()->owner = this;
+      free_list.push_back(registers_.back().get());
+    }
+  }
+  /// Number of registers of this output.
+  [[nodiscard]] std::size_t register_count() const noexcept override { return registers_.size(); }
+  /// Register `i`.
+  [[nodiscard]] detail::regst_base& register_at(std::size_t i) noexcept override { return *registers_[i]; }
+  /// The most registers this output ever had in use at once (being written or held by a consumer).
+  [[nodiscard]] std::size_t peak_registers_in_use() const noexcept { return peak_in_use; }
+  /// Messages this output has published.
+  [[nodiscard]] std::uint64_t messages_published() const noexcept { return published; }
+
+ private:
+  std::vector<std::unique_ptr<regst<T>>> registers_;
 };
 
 namespace detail {

@@ -234,8 +234,10 @@ class remote_sender final : public remote_end {
 template <class T, std::size_t N>
 class remote_receiver final : public remote_end {
  public:
-  remote_receiver(std::string label, int rank, int peer, tag_t channel)
+  /// `registers`: the producer's register count (used when N is dynamic_registers).
+  remote_receiver(std::string label, int rank, int peer, tag_t channel, std::size_t registers)
       : remote_end(std::move(label), rank, node_kind::remote_receiver, peer, channel) {
+    if constexpr (N == dynamic_registers) output_.set_register_count(registers);
     output_.producer = this;
     outputs.push_back(&output_);
   }
@@ -330,7 +332,7 @@ class remote_receiver final : public remote_end {
     s += " pull(s) unanswered, ";
     s += std::to_string(output_.in_use);
     s += " of ";
-    s += std::to_string(N);
+    s += std::to_string(output_.register_count());
     s += " register(s) in use";
     s += end_seen_ ? ", end of stream seen" : "";
     return s;

@@ -73,6 +73,26 @@ inline box shard_box(const shape_t& shape, const nd_parallel& s, std::span<const
   return b;
 }
 
+/// The common box of `a` and `b` (extent 0 on the axes where they do not meet: elements() == 0).
+inline box intersect(const box& a, const box& b) {
+  box r{shape_t(a.offset.size(), 0), shape_t(a.offset.size(), 0)};
+  for (std::size_t i = 0; i < a.offset.size(); ++i) {
+    const std::size_t lo = std::max(a.offset[i], b.offset[i]);
+    const std::size_t hi = std::min(a.offset[i] + a.extent[i], b.offset[i] + b.extent[i]);
+    r.offset[i] = lo;
+    r.extent[i] = hi > lo ? hi - lo : 0;
+  }
+  return r;
+}
+
+/// `at` as an offset from `origin` (every entry of `at` >= origin's): where a box inside another
+/// starts in the other's local coordinates.
+inline shape_t relative(const shape_t& at, const shape_t& origin) {
+  shape_t r(at.size());
+  for (std::size_t i = 0; i < at.size(); ++i) r[i] = at[i] - origin[i];
+  return r;
+}
+
 /// Row-major strides of `shape` (elements).
 inline shape_t strides_of(const shape_t& shape) {
   shape_t st(shape.size(), 1);

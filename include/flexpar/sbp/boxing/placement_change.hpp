@@ -28,23 +28,6 @@ constexpr nd_parallel without_partial(nd_parallel s) noexcept {
   return s;
 }
 
-/// The intersection of two boxes (empty extent where they do not meet).
-inline box intersect(const box& a, const box& b) {
-  box r{shape_t(a.offset.size(), 0), shape_t(a.offset.size(), 0)};
-  for (std::size_t i = 0; i < a.offset.size(); ++i) {
-    const std::size_t lo = std::max(a.offset[i], b.offset[i]);
-    const std::size_t hi = std::min(a.offset[i] + a.extent[i], b.offset[i] + b.extent[i]);
-    r.offset[i] = lo;
-    r.extent[i] = hi > lo ? hi - lo : 0;
-  }
-  return r;
-}
-
-inline shape_t relative(const shape_t& at, const shape_t& origin) {
-  shape_t r(at.size());
-  for (std::size_t i = 0; i < at.size(); ++i) r[i] = at[i] - origin[i];
-  return r;
-}
 }  // namespace detail
 
 /// Placement change: the tensor moves from its mesh to `dest` (another set of ranks of the same parent
@@ -92,20 +75,20 @@ auto to(const global_tensor<T, From, M>& t, const placement<N2>& dest) {
   if (src_box[me]) {
     const std::span<const T> mine = src.to_local();
     for (std::size_t q = 0; q < P; ++q)
-      if (dst_box[q]) sends[q] = detail::intersect(*src_box[me], *dst_box[q]).elements();
+      if (dst_box[q]) sends[q] = intersect(*src_box[me], *dst_box[q]).elements();
     packed = pool.template acquire<T>(std::accumulate(sends.begin(), sends.end(), std::size_t{0}));
     std::size_t at = 0;
     for (std::size_t q = 0; q < P; ++q) {
       if (!dst_box[q]) continue;
-      const box piece = detail::intersect(*src_box[me], *dst_box[q]);
-      copy_box<T>(mine, src_box[me]->extent, detail::relative(piece.offset, src_box[me]->offset),
+      const box piece = intersect(*src_box[me], *dst_box[q]);
+      copy_box<T>(mine, src_box[me]->extent, relative(piece.offset, src_box[me]->offset),
                   std::span<T>(packed).subspan(at), piece.extent, shape_t(shape.size(), 0), piece.extent);
       at += sends[q];
     }
   }
   if (dst_box[me])
     for (std::size_t q = 0; q < P; ++q)
-      if (src_box[q]) receives[q] = detail::intersect(*src_box[q], *dst_box[me]).elements();
+      if (src_box[q]) receives[q] = intersect(*src_box[q], *dst_box[me]).elements();
   aligned_vector<T> incoming =
       pool.template acquire<T>(std::accumulate(receives.begin(), receives.end(), std::size_t{0}));
   alltoall_v(parent, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(incoming),
@@ -118,9 +101,9 @@ auto to(const global_tensor<T, From, M>& t, const placement<N2>& dest) {
     std::size_t at = 0;
     for (std::size_t q = 0; q < P; ++q) {
       if (!src_box[q]) continue;
-      const box piece = detail::intersect(*src_box[q], *dst_box[me]);
+      const box piece = intersect(*src_box[q], *dst_box[me]);
       copy_box<T>(std::span<const T>(incoming).subspan(at), piece.extent, shape_t(shape.size(), 0), local,
-                  dst_box[me]->extent, detail::relative(piece.offset, dst_box[me]->offset), piece.extent);
+                  dst_box[me]->extent, relative(piece.offset, dst_box[me]->offset), piece.extent);
       at += piece.elements();
     }
   }
