@@ -18,10 +18,10 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -29,7 +29,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include <flexpar/actor/pipeline.hpp>
+#include <flexpar/actor/pipeline_sbp.hpp>
 #include <flexpar/collective.hpp>
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/timeline.hpp>
@@ -289,28 +289,29 @@ int main(int argc, char** argv) {
         auto columns = [&](int s) {
           return flexpar::sbp::balanced_part(widths[static_cast<std::size_t>(s) + 1], tensor_ranks, t);
         };
-        // The data axis of this rank's mesh (the gradients' allreduce) and its tensor axis (the loss's).
-        std::optional<flexpar::communicator> data_axis = comm.split(group * tensor_ranks + t, d);
-        std::optional<flexpar::communicator> tensor_axis = comm.split(group * data_ranks + d, t);
         int step = 0;
         flexpar::timeline trace(rank);
         // [snippet:pipeline_builder]
+        // One D x T placement per group (every rank builds each: collective): axis 0 splits the rows
+        // (data), axis 1 the columns (tensor); a stage takes (S(0), B) and gives (S(0), S(1)).
+        namespace sbp = flexpar::sbp;
+        using rows_whole = sbp::sbp<sbp::split<0>, sbp::broadcast>;
+        using rows_columns = sbp::sbp<sbp::split<0>, sbp::split<1>>;
+        std::vector<sbp::placement<2>> meshes;
+        for (int g = 0; g < groups; ++g) {
+          std::vector<int> ranks;
+          for (int k = 0; k < per_group; ++k) ranks.push_back(g * per_group + k);
+          meshes.emplace_back(comm, std::array<int, 2>{data_ranks, tensor_ranks}, ranks);
+        }
+        sbp::placement<2>& mine_mesh = meshes[static_cast<std::size_t>(group)];
         flexpar::pipeline_builder builder(comm);
-        using flexpar::sbp::parallel;
-        flexpar::sbp::nd_parallel in_layout, out_layout;  // (rows split, B) -> (rows split, columns split)
-        in_layout.rank = out_layout.rank = 2;
-        in_layout[0] = out_layout[0] = parallel::S(0);
-        in_layout[1] = parallel::B();
-        out_layout[1] = parallel::S(1);
-        std::vector<flexpar::sbp::shape_t> shapes;
+        std::vector<sbp::shape_t> shapes;
         for (int s = 0; s < stages; ++s) {
           std::string label = "fc";
           label += std::to_string(s + 1);
           layer* mine = &model[static_cast<std::size_t>(s)];
-          const flexpar::sbp::part cols = columns(s);
-          std::vector<int> mesh;
-          for (int k = 0; k < per_group; ++k) mesh.push_back((s % groups) * per_group + k);
-          builder.stage({mesh, {data_ranks, tensor_ranks}, in_layout, out_layout},
+          const sbp::part cols = columns(s);
+          builder.stage(flexpar::stage_on<rows_whole, rows_columns>(meshes[static_cast<std::size_t>(s % groups)]),
                         {label,
                          [mine, cols](int, const std::vector<float>& x, std::vector<float>& y) {
                            mine->forward(x, y, cols.offset, cols.offset + cols.count);
@@ -334,7 +335,7 @@ int main(int argc, char** argv) {
             .loss([&](int mb, const std::vector<float>& logits, std::vector<float>& g) {
               if (tensor_ranks == 1) return micro_batch_loss(data, bt, step, mb, logits, g, rows.offset);
               const float loss = split_classes_loss(data, bt, step, mb, logits, g, rows.offset, rows.count,
-                                                    columns(stages - 1).offset, *tensor_axis);
+                                                    columns(stages - 1).offset, mine_mesh.axis(1));
               return t == 0 ? loss : 0.0f;  // every tensor rank has the rows' loss: count it once
             });
         if (!timeline_path.empty()) builder.record(trace);
@@ -347,8 +348,8 @@ int main(int argc, char** argv) {
           for (int s : pipe.local_stages()) {
             layer& l = model[static_cast<std::size_t>(s)];
             if (data_ranks > 1) {  // data parallelism: the rows' gradients of the stage's data axis
-              flexpar::allreduce(*data_axis, std::span<float>(l.gw), flexpar::reduce_op::sum);
-              flexpar::allreduce(*data_axis, std::span<float>(l.gb), flexpar::reduce_op::sum);
+              flexpar::allreduce(mine_mesh.axis(0), std::span<float>(l.gw), flexpar::reduce_op::sum);
+              flexpar::allreduce(mine_mesh.axis(0), std::span<float>(l.gb), flexpar::reduce_op::sum);
             }
             l.sgd(lr);
           }

@@ -6,6 +6,8 @@
 
 #include <flexpar/comm/run_in_process.hpp>
 
+#include <flexpar/actor/pipeline_sbp.hpp>
+
 #include "pipeline_scenarios.hpp"
 
 namespace flexpar {
@@ -201,6 +203,29 @@ TEST(pipeline_meshes, collectives_inside_stages_follow_one_order) {
       run_in_process(
           4, [&](communicator& comm) { mesh_pipeline_matches_serial(comm, c, how); }, test_config());
     }
+}
+
+// stage_on<In, Out>(placement): the same mesh as written out by hand, from the SBP types.
+TEST(pipeline_meshes, stage_on_a_placement_takes_its_ranks_and_the_types_layouts) {
+  run_in_process(
+      4,
+      [&](communicator& comm) {
+        using sbp::broadcast;
+        using sbp::split;
+        sbp::placement<2> square(comm, {2, 2});
+        sbp::placement<1> pair(comm, {2}, {3, 1});
+        const stage_mesh a = stage_on<sbp::sbp<split<0>, broadcast>, sbp::sbp<split<0>, split<1>>>(square);
+        EXPECT_EQ(a.ranks, (std::vector<int>{0, 1, 2, 3}));
+        EXPECT_EQ(a.shape, (std::vector<int>{2, 2}));
+        EXPECT_TRUE(a.input == layout({S0, B}));
+        EXPECT_TRUE(a.output == layout({S0, S1}));
+        const stage_mesh b = stage_on<broadcast, split<1>>(pair);  // a one-axis SBP on a one-axis mesh
+        EXPECT_EQ(b.ranks, (std::vector<int>{3, 1}));
+        EXPECT_TRUE(b.input == layout({B}) && b.output == layout({S1}));
+        mesh_pipeline_matches_serial(
+            comm, {{a, stage_on<sbp::sbp<broadcast, broadcast>, sbp::sbp<split<1>, split<0>>>(square)}, 5, 3, 4});
+      },
+      test_config());
 }
 
 TEST(pipeline_meshes, bad_meshes_are_usage_errors) {
