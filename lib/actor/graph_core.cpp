@@ -5,7 +5,6 @@
 #include <flexpar/timeline.hpp>
 
 #include <algorithm>
-#include <limits>
 #include <utility>
 
 namespace flexpar::detail {
@@ -97,16 +96,6 @@ void graph_core::check(actor_node& n) {
 
 bool graph_core::drained(const in_base& i) noexcept { return i.queue.empty() && i.producer && i.producer->ended; }
 
-namespace {
-// The message number of a ready actor's oldest message: the earliest its producer published among
-// the fronts of its mailboxes (a pipeline's micro-batch). Sources have none: they come last.
-std::uint64_t oldest_message(const actor_node& n) noexcept {
-  std::uint64_t oldest = std::numeric_limits<std::uint64_t>::max();
-  for (const in_base* i : n.inputs) oldest = std::min(oldest, i->queue.front()->sequence);
-  return oldest;
-}
-}  // namespace
-
 void graph_core::set_stream_order(int s, std::vector<actor_node*> order) {
   if (started_ || s < 0) {
     throw error_on<usage_error>(rank_, "actor graph", "set_stream_order(", s,
@@ -131,13 +120,13 @@ bool graph_core::in_turn(const actor_node& n) const noexcept {
   return plan.next < plan.order.size() && plan.order[plan.next] == &n;
 }
 
+bool graph_core::goes_before(const actor_node& a, const actor_node& b) noexcept { return a.priority_ > b.priority_; }
+
 std::deque<actor_node*>::iterator graph_core::next_ready() noexcept {
   auto best = ready_.end();
   for (auto it = ready_.begin(); it != ready_.end(); ++it) {
     if (!in_turn(**it)) continue;
-    if (best == ready_.end() || (*it)->priority_ > (*best)->priority_ ||
-        ((*it)->priority_ == (*best)->priority_ && oldest_message(**it) < oldest_message(**best)))
-      best = it;
+    if (best == ready_.end() || goes_before(**it, **best)) best = it;
   }
   return best;
 }

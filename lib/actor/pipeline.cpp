@@ -16,8 +16,7 @@ using tensor = std::vector<float>;
 using stash_out = out<tensor, dynamic_registers>;
 
 // Who goes first among a rank's ready actors: GPipe its forwards, 1F1B its backwards (they free the
-// stash). Among actors of equal priority the graph fires the one holding the earliest micro-batch,
-// which with several stages per rank gives the depth-first order of interleaved 1F1B.
+// stash). Among actors of equal priority the graph fires the one ready first.
 int priority_of(pipeline_schedule s, bool backward) { return (s == pipeline_schedule::gpipe) != backward ? 1 : 0; }
 }  // namespace
 

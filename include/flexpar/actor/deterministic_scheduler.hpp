@@ -92,8 +92,8 @@ class deterministic_scheduler {
       throw e;
     }
   }
-  /// One round of a machine whose every firing takes one time unit: each stream fires its ready
-  /// actor of highest priority (equal: the one ready first) and every ready actor without a stream
+  /// One round of a machine whose every firing takes one time unit: each stream fires the ready
+  /// actor that goes first (graph_core::goes_before: as the executor picks) and every ready actor without a stream
   /// fires, all chosen before any fires (what a firing makes ready waits for the next round).
   /// With cross-rank edges, polls them first. Returns the number of actors fired.
   std::size_t step_round() {
@@ -109,7 +109,7 @@ class deterministic_scheduler {
       });
       if (same == chosen.end())
         chosen.push_back(n);
-      else if (n->priority() > (*same)->priority())
+      else if (detail::graph_core::goes_before(*n, **same))
         *same = n;
     }
     auto& queue = core_.ready();

@@ -82,9 +82,8 @@ class actor_node {
   void set_stream(int s) noexcept { stream_ = s < 0 ? -1 : s; }
   /// The actor's stream, or -1.
   [[nodiscard]] int stream() const noexcept { return stream_; }
-  /// Among the ready actors, a higher priority fires first; among equal priorities, the one holding
-  /// the oldest message (the lowest number its producer gave it: in a pipeline, the earliest
-  /// micro-batch), then the one ready first. Default 0. Set it before the graph starts.
+  /// Among the ready actors, a higher priority fires first; among equal priorities, the one ready
+  /// first. Default 0. Set it before the graph starts.
   void set_priority(int p) noexcept { priority_ = p; }
   /// The actor's priority.
   [[nodiscard]] int priority() const noexcept { return priority_; }
@@ -140,8 +139,10 @@ class graph_core {
   void set_stream_order(int s, std::vector<actor_node*> order);
   /// `n`'s stream is free and, where the stream has an order, `n` is next in it.
   [[nodiscard]] bool in_turn(const actor_node& n) const noexcept;
-  /// The ready actor to fire next: the highest priority that is in_turn() (equal: the oldest
-  /// message, then the first ready), or ready().end() if none can fire now.
+  /// Of two ready actors, `a` goes first: a higher priority (equal: neither; the one ready first goes).
+  [[nodiscard]] static bool goes_before(const actor_node& a, const actor_node& b) noexcept;
+  /// The ready actor to fire next: the highest priority that is in_turn() (equal: the first ready),
+  /// or ready().end() if none can fire now.
   [[nodiscard]] std::deque<actor_node*>::iterator next_ready() noexcept;
   /// One whole firing of the next_ready() actor (takes and releases the lock).
   /// False if the graph stopped or nothing can fire.

@@ -18,8 +18,8 @@
 //  - 1F1B: stash min(S - j, m) on stage j of S (all stages, virtual ones included; one more when a
 //    device holds several), backwards first. Stage j runs S - j - 1 forwards ahead, then
 //    alternates; the back-pressure of the full stash is what makes it alternate. Among the ready
-//    firings of one kind the earliest micro-batch goes first (the graph's rule for equal
-//    priorities), which with several stages per device is interleaved 1F1B's depth-first order.
+//    firings of one kind the one ready first goes first (the graph's rule for equal priorities):
+//    with several stages per device, that is interleaved 1F1B.
 // A rank's actors share one stream (they never fire at the same time: one device), unless
 // streams() maps stages to several. Backwards of a stage run in micro-batch order, so
 // gradients accumulate as a serial loop over the micro-batches does: the same floats, bit for bit.
