@@ -22,7 +22,10 @@ void program(const placement<1>& mesh, const placement<2>& mesh2) {
   auto ok5 = conv2d(images, to<broadcast>(kernels), 0);  // (S(0), B) -> S(0)
   auto ok6 = gelu(to<broadcast>(partial_x));             // B -> B
   auto ok7 = layer_norm<1>(rows);                        // S(0) -> S(0): rows whole
-  (void)ok1, (void)ok2, (void)ok3, (void)ok4, (void)ok5, (void)ok6, (void)ok7;
+  auto labels = global_tensor<std::int64_t, split<0>>::from_full(mesh, {4}, std::vector<std::int64_t>(4));
+  auto ok8 = cross_entropy(to<split<0>>(transpose(rows)), labels);  // (S(0), S(0)) -> S(0)
+  auto ok9 = causal_attention(whole, whole, whole, 2, 2);           // B -> B
+  (void)ok1, (void)ok2, (void)ok3, (void)ok4, (void)ok5, (void)ok6, (void)ok7, (void)ok8, (void)ok9;
 #elif FLEXPAR_CASE == 1  // matmul with no signature: (P(sum), S(0))
   auto bad = matmul(partial_x, rows);
 #elif FLEXPAR_CASE == 2  // relu of a partial sum
@@ -39,5 +42,10 @@ void program(const placement<1>& mesh, const placement<2>& mesh2) {
   auto bad = gelu(partial_x);
 #elif FLEXPAR_CASE == 7  // layer_norm over the split axis
   auto bad = layer_norm<0>(rows);
+#elif FLEXPAR_CASE == 8  // cross-entropy of logits split by classes (a vocabulary-parallel output)
+  auto labels = global_tensor<std::int64_t, split<0>>::from_full(mesh, {4}, std::vector<std::int64_t>(4));
+  auto bad = cross_entropy(transpose(rows), labels);
+#elif FLEXPAR_CASE == 9  // attention on partial sums
+  auto bad = causal_attention(partial_x, partial_x, partial_x, 2, 2);
 #endif
 }

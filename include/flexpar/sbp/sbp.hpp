@@ -10,6 +10,7 @@
 //   local_math.hpp     the shards' GEMM (BLAS)
 //   signature.hpp      the ops' signature tables as values (shared with dynamic.hpp and the search)
 //   ops.hpp            matmul, add, mul, relu, softmax, embedding, reduce_sum with deduced SBPs
+//   ops_nn.hpp         a transformer's ops (causal attention, cross-entropy) and the backward passes
 #pragma once
 
 #include <flexpar/sbp/boxing.hpp>
@@ -17,6 +18,7 @@
 #include <flexpar/sbp/global_tensor.hpp>
 #include <flexpar/sbp/layout.hpp>
 #include <flexpar/sbp/ops.hpp>
+#include <flexpar/sbp/ops_nn.hpp>
 #include <flexpar/sbp/parallel.hpp>
 #include <flexpar/sbp/placement.hpp>
 #include <flexpar/sbp/signature.hpp>

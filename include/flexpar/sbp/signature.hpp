@@ -121,6 +121,51 @@ constexpr signature_result reduce_sum(const parallel& a, int axis) noexcept {
   if (a.is_broadcast() || is_sum(a)) return signature_result::of(a);
   return signature_result::none();
 }
+/// transpose(t [m, n]) -> [n, m]: a split moves to the other axis; B and P stay.
+constexpr signature_result transpose(const parallel& a) noexcept {
+  if (a.is_split()) return a.axis <= 1 ? signature_result::of(parallel::S(1 - a.axis)) : signature_result::none();
+  return signature_result::of(a);
+}
+/// The backward of an element-wise op that is not additive (gelu): (x, dy) -> dx. dx is linear in dy,
+/// so a partial dy with a broadcast x gives a partial dx.
+constexpr signature_result elementwise_grad(const parallel& x, const parallel& dy) noexcept {
+  if (x.is_split() && dy.is_split() && x.axis == dy.axis) return signature_result::of(x);
+  if (x.is_broadcast() && dy.is_broadcast()) return signature_result::of(x);
+  if (x.is_broadcast() && is_sum(dy)) return signature_result::of(dy);
+  return signature_result::none();
+}
+/// The backward of an op over tensor axis `axis` that needs the axis whole (softmax, layer_norm):
+/// (x or y, dy) -> dx, linear in dy; no split of `axis`.
+constexpr signature_result along_axis_grad(const parallel& x, const parallel& dy, int axis) noexcept {
+  if (x.is_split() && x.axis == axis) return signature_result::none();
+  return elementwise_grad(x, dy);
+}
+/// causal_attention(q, k, v [N, H*d]) with q, k and v laid out alike: S(0) splits whole sequences,
+/// S(1) whole heads (Megatron's head-parallel attention), B; not P (the softmax is not additive).
+constexpr signature_result causal_attention(const parallel& a) noexcept {
+  if (a.is_partial() || (a.is_split() && a.axis > 1)) return signature_result::none();
+  return signature_result::of(a);
+}
+/// cross_entropy(logits [N, V], labels [N]) -> loss [N], and its gradient -> [N, V]: the classes whole
+/// (a split of V would need the row maximum and sum from every rank: box first).
+constexpr signature_result cross_entropy(const parallel& logits, const parallel& labels) noexcept {
+  if (logits.is_split() && logits.axis == 0 && labels.is_split() && labels.axis == 0)
+    return signature_result::of(parallel::S(0));
+  if (logits.is_broadcast() && labels.is_broadcast()) return signature_result::of(parallel::B());
+  return signature_result::none();
+}
+/// embedding_grad(weight [V,D], ids [N], dy [N,D]) -> dW [V,D], laid out as the weight (or P where
+/// the rows were split): the transpose of embedding's table.
+constexpr signature_result embedding_grad(const parallel& w, const parallel& ids, const parallel& dy) noexcept {
+  if (w.is_split() && w.axis == 0 && ids.is_broadcast() && dy.is_broadcast()) return signature_result::of(w);
+  if (w.is_split() && w.axis == 1 && ids.is_broadcast() && dy.is_split() && dy.axis == 1)
+    return signature_result::of(w);
+  if (w.is_broadcast() && ids.is_split() && ids.axis == 0 && dy.is_split() && dy.axis == 0)
+    return signature_result::of(parallel::P());
+  if (w.is_broadcast() && ids.is_broadcast() && dy.is_broadcast()) return signature_result::of(w);
+  if (w.is_broadcast() && ids.is_broadcast() && is_sum(dy)) return signature_result::of(dy);
+  return signature_result::none();
+}
 /// conv2d(x [N,C,H,W], w [K,C,R,S]) -> [N,K,P,Q] (the rows of table::conv2d).
 constexpr signature_result conv2d(const parallel& x, const parallel& w) noexcept { return lookup(table::conv2d, x, w); }
 /// conv2d_grad_input(dy [N,K,P,Q], w [K,C,R,S]) -> dx [N,C,H,W] (table::conv2d_grad_input).
@@ -147,6 +192,20 @@ constexpr nd_signature_result nd_signature(Rule rule, const nd_parallel& a, cons
   r.out.rank = a.rank;
   for (std::size_t d = 0; d < a.rank; ++d) {
     const signature_result s = rule(a[d], b[d]);
+    if (!s.ok) return {false, {}, d};
+    r.out[d] = s.out;
+  }
+  return r;
+}
+
+/// Applies a one-axis ternary signature on every mesh axis.
+template <class Rule>
+constexpr nd_signature_result nd_signature(Rule rule, const nd_parallel& a, const nd_parallel& b,
+                                           const nd_parallel& c) noexcept {
+  nd_signature_result r{true, {}, 0};
+  r.out.rank = a.rank;
+  for (std::size_t d = 0; d < a.rank; ++d) {
+    const signature_result s = rule(a[d], b[d], c[d]);
     if (!s.ok) return {false, {}, d};
     r.out[d] = s.out;
   }
