@@ -252,6 +252,16 @@ TEST_P(ops_nn_1d, every_signature_matches_the_whole_computation) {
         if (p == 2 || p == 4) {  // 3 heads of width 2 over 2 or 4 ranks: a shard cuts a head
           auto cut = source<split<1>>(mesh, {3, 6}, integers<float>(18, 1), 0);
           EXPECT_THROW((void)causal_attention(cut, cut, cut, 3, 3), usage_error);
+          try {
+            (void)causal_attention(cut, cut, cut, 3, 3);
+          } catch (const usage_error& e) {  // every rank names the first shard that cuts, as doc/sbp.md shows
+            if (p == 2) {
+              EXPECT_NE(std::string(e.what()).find("causal_attention: mesh rank 0 would hold columns [0, 3), which cut "
+                                                   "a head of width 2: split whole heads (3 heads"),
+                        std::string::npos)
+                  << e.what();
+            }
+          }
         }
         auto odd = B(integers<float>(14, 1), {7, 2});  // 7 rows are no whole number of sequences of 3
         EXPECT_THROW((void)causal_attention(odd, odd, odd, 1, 3), usage_error);
