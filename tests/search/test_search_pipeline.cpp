@@ -1,0 +1,160 @@
+// Pipeline stages in the search (search/pipeline.hpp): the timed schedule against the theory and the
+// actor runtime's unit-time results, the 3-D strategy's estimate, memory limit, validity rules, the
+// search (never worse than the best pure strategy, deterministic per seed) and the JSON form.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include <flexpar/core/error.hpp>
+#include <flexpar/search/pipeline.hpp>
+
+namespace flexpar::search {
+namespace {
+
+std::vector<stage_timing> equal_stages(int p, double f, double b) {
+  return std::vector<stage_timing>(static_cast<std::size_t>(p), stage_timing{f, b, 0, -1});
+}
+
+TEST(search_pipeline, unit_stages_take_exactly_two_m_plus_p_minus_one) {
+  // the actor runtime's unit-time machine gives 2 (m + p - 1) for both (tests/actor/test_pipeline_inproc.cpp)
+  for (int p = 1; p <= 6; ++p)
+    for (int m : {1, 2, 3, 4, 7, 8, 16})
+      for (pipeline_schedule s : {pipeline_schedule::gpipe, pipeline_schedule::one_f_one_b}) {
+        const pipeline_timeline t = simulate_pipeline(equal_stages(p, 1, 1), m, s);
+        EXPECT_EQ(t.seconds, 2.0 * (m + p - 1)) << "p " << p << " m " << m << " " << name_of(s);
+        for (int j = 0; j < p; ++j) {
+          const auto want = static_cast<std::size_t>(s == pipeline_schedule::gpipe ? m : std::min(p - j, m));
+          if (s == pipeline_schedule::one_f_one_b || j == 0) {
+            EXPECT_EQ(t.peak_stash[static_cast<std::size_t>(j)], want) << "stage " << j << " p " << p << " m " << m;
+          }
+          EXPECT_LE(t.peak_stash[static_cast<std::size_t>(j)], stash_registers(s, p, j, m));
+        }
+        EXPECT_NEAR(t.bubble, pipeline_bubble_theory(p, 1, m), 1e-12);
+      }
+}
+
+TEST(search_pipeline, backward_twice_the_forward) {
+  for (int p : {2, 3, 4})
+    for (int m : {4, 8, 16})
+      for (pipeline_schedule s : {pipeline_schedule::gpipe, pipeline_schedule::one_f_one_b})
+        EXPECT_DOUBLE_EQ(simulate_pipeline(equal_stages(p, 1, 2), m, s).seconds, 3.0 * (m + p - 1));
+}
+
+TEST(search_pipeline, a_slow_stage_sets_the_pace_and_transfers_add_latency) {
+  std::vector<stage_timing> st{{1, 2, 0, -1}, {3, 6, 0, -1}, {1, 2, 0, -1}};
+  for (pipeline_schedule s : {pipeline_schedule::gpipe, pipeline_schedule::one_f_one_b}) {
+    const double t = simulate_pipeline(st, 8, s).seconds;
+    EXPECT_GE(t, 1 + 8 * 9.0 + 2);  // stage 0's first forward, the slow stage's work, stage 0's last backward
+    EXPECT_LE(t, 1 + 8 * 9.0 + 2 + 6);
+    double before = t;
+    for (double c : {0.5, 1.0, 2.0}) {
+      for (auto& x : st) x.send = c;
+      const double with = simulate_pipeline(st, 8, s).seconds;
+      EXPECT_GT(with, before);
+      before = with;
+    }
+    for (auto& x : st) x.send = 0;
+  }
+}
+
+TEST(search_pipeline, any_stash_count_runs_and_smaller_never_helps) {
+  const auto st = equal_stages(4, 1, 2);
+  const double full = simulate_pipeline(st, 8, pipeline_schedule::gpipe).seconds;
+  for (std::size_t k : {1, 2, 3})
+    EXPECT_GE(simulate_pipeline(st, 8, pipeline_schedule::gpipe, std::vector<std::size_t>(4, k)).seconds, full);
+  const auto t = simulate_pipeline(st, 8, pipeline_schedule::one_f_one_b, {1, 1, 1, 1});
+  for (std::size_t k : t.peak_stash) EXPECT_EQ(k, 1u);
+  EXPECT_THROW((void)simulate_pipeline(st, 8, pipeline_schedule::gpipe, {1, 0, 1, 1}), usage_error);
+  EXPECT_THROW((void)simulate_pipeline({}, 8, pipeline_schedule::gpipe), usage_error);
+}
+
+TEST(search_pipeline, stages_sharing_a_device_take_turns) {
+  // two stages per device (interleaved placement): never faster than one device's total work
+  std::vector<stage_timing> st{{1, 2, 0, 0}, {1, 2, 0, 1}, {1, 2, 0, 0}, {1, 2, 0, 1}};
+  const auto t = simulate_pipeline(st, 8, pipeline_schedule::one_f_one_b,
+                                   {stash_registers(pipeline_schedule::one_f_one_b, 4, 0, 8, 2),
+                                    stash_registers(pipeline_schedule::one_f_one_b, 4, 1, 8, 2),
+                                    stash_registers(pipeline_schedule::one_f_one_b, 4, 2, 8, 2),
+                                    stash_registers(pipeline_schedule::one_f_one_b, 4, 3, 8, 2)});
+  ASSERT_EQ(t.busy.size(), 2u);
+  EXPECT_DOUBLE_EQ(t.busy[0], 2 * 8 * 3.0);
+  EXPECT_GE(t.seconds, 2 * 8 * 3.0);
+  EXPECT_LT(t.seconds, simulate_pipeline(equal_stages(2, 2, 4), 8, pipeline_schedule::one_f_one_b).seconds);
+}
+
+/// A synthetic layered model: a block costs 4 units of compute split over data x tensor ranks, tensor
+/// parallelism pays 0.5 per block per extra rank in allreduces, data parallelism pays `sync` per block
+/// of weights replicated; the first and last parts cost 1 each.
+stage_cost_fn synthetic(double sync) {
+  return [sync](const stage_shape& s) {
+    const double m = s.micro_batches;
+    const double work = (4.0 * s.blocks + (s.first ? 1 : 0) + (s.last ? 1 : 0)) / (s.data * s.tensor) / m;
+    const double tp = s.tensor > 1 ? 0.5 * s.blocks * (s.tensor - 1) / m : 0.0;
+    stage_cost c;
+    c.forward = work / 3 + tp;
+    c.backward = 2 * work / 3 + tp;
+    c.step = s.data > 1 ? sync * s.blocks / s.tensor : 0.0;
+    c.weight_bytes = static_cast<std::uint64_t>(100 * s.blocks / s.tensor);
+    c.activation_bytes = static_cast<std::uint64_t>(10 * s.blocks / m);
+    return c;
+  };
+}
+
+TEST(search_pipeline, estimate_memory_and_validity) {
+  pipeline_space space{4, 4, 16, 4, 256};
+  const pipeline_strategy pp{1, 1, 4, pipeline_schedule::one_f_one_b, {1, 1, 1, 1}};
+  EXPECT_TRUE(space.valid(pp));
+  EXPECT_FALSE(space.valid(pipeline_strategy{1, 1, 4, pipeline_schedule::gpipe, {2, 1, 1}}));     // 3 ranks
+  EXPECT_FALSE(space.valid(pipeline_strategy{1, 1, 4, pipeline_schedule::gpipe, {2, 2, 0, 0}}));  // an empty stage
+  EXPECT_FALSE(space.valid(pipeline_strategy{1, 3, 1, pipeline_schedule::gpipe, {4}}));      // 3 ranks, 3 !| 4 heads
+  EXPECT_FALSE(space.valid(pipeline_strategy{4, 1, 8, pipeline_schedule::gpipe, {4}}));      // m without a pipeline
+  EXPECT_FALSE(space.valid(pipeline_strategy{2, 1, 16, pipeline_schedule::gpipe, {2, 2}}));  // 2 x 16 !| 16
+  const auto e = estimate(pp, synthetic(1.0));
+  // stage work per micro-batch: 5/4 (first and last: 1.25, middle: 1.0); the last stage's 1.25 paces
+  EXPECT_GT(e.seconds, 4 * 1.25);
+  EXPECT_EQ(e.seconds, e.pipeline_seconds);  // no data parallelism: nothing per step
+  EXPECT_EQ(e.peak_memory, 100u + 4 * 2u);   // stage 0 stashes min(4 - 0, 4) micro-batches of 10 / 4 bytes
+  EXPECT_TRUE(e.fits);
+  const auto tight = estimate(pp, synthetic(1.0), 100);
+  EXPECT_FALSE(tight.fits);
+  EXPECT_TRUE(std::isinf(tight.seconds));
+  const auto pure = space.pure();
+  ASSERT_EQ(pure.size(), 3u);
+  EXPECT_EQ(pure[0].data, 4);
+  EXPECT_EQ(pure[1].tensor, 4);
+  EXPECT_EQ(pure[2].stages(), 4);
+  EXPECT_EQ(pure[2].micro_batches, 8);
+}
+
+TEST(search_pipeline, search_beats_or_ties_the_pure_strategies_and_is_deterministic) {
+  pipeline_space space{4, 4, 16, 4, 256};
+  for (double sync : {0.0, 0.5, 4.0}) {
+    pipeline_search a(space, synthetic(sync), 1), b(space, synthetic(sync), 1);
+    const pipeline_strategy found = a.run(400);
+    EXPECT_TRUE(space.valid(found)) << found.describe();
+    EXPECT_EQ(found.describe(), b.run(400).describe());
+    double best_pure = INFINITY;
+    for (const auto& s : space.pure()) best_pure = std::min(best_pure, a.estimate_of(s).seconds);
+    EXPECT_LE(a.estimate_of(found).seconds, best_pure) << found.describe();
+    if (sync == 0.0) {
+      EXPECT_EQ(found.data, 4) << found.describe();  // free allreduces: data parallel wins
+    }
+    if (sync == 4.0) {
+      EXPECT_EQ(found.data, 1) << found.describe();  // dear allreduces: none
+    }
+  }
+}
+
+TEST(search_pipeline, json_round_trip) {
+  const pipeline_strategy s{2, 1, 4, pipeline_schedule::gpipe, {3, 1}};
+  const pipeline_strategy r = pipeline_strategy_from_json(to_json(s));
+  EXPECT_EQ(r.describe(), s.describe());
+  EXPECT_THROW((void)pipeline_strategy_from_json("{\"data\": 1}"), usage_error);
+  EXPECT_THROW((void)pipeline_strategy_from_json("not json"), usage_error);
+  EXPECT_THROW((void)pipeline_strategy_from_json(
+                   R"({"data": 1, "tensor": 1, "micro_batches": 1, "schedule": "zigzag", "blocks": [1]})"),
+               usage_error);
+}
+
+}  // namespace
+}  // namespace flexpar::search
