@@ -142,7 +142,7 @@ pipeline_estimate estimate(const pipeline_strategy& s, const stage_cost_fn& cost
   double per_step = 0;
   for (int j = 0; j < S; ++j) {
     const stage_cost c =
-        cost({s.data, s.tensor, s.micro_batches, s.blocks[static_cast<std::size_t>(j)], j == 0, j == S - 1});
+        cost({S, s.data, s.tensor, s.micro_batches, s.blocks[static_cast<std::size_t>(j)], j == 0, j == S - 1});
     timings.push_back({c.forward, c.backward, c.send, -1});
     per_step = std::max(per_step, c.step);
     const std::size_t k = stash_registers(s.schedule, S, j, s.micro_batches);

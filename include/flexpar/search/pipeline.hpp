@@ -69,6 +69,7 @@ struct pipeline_strategy {
 
 /// Where a stage sits and what it holds, for a cost function.
 struct stage_shape {
+  int stages = 1;            ///< stages of the strategy
   int data = 1, tensor = 1;  ///< its mesh
   int micro_batches = 1;     ///< micro-batches per step (the micro-batch is the mini-batch / this)
   int blocks = 0;            ///< blocks it holds
