@@ -75,7 +75,10 @@ int main(int argc, char** argv) {
   lay.schedule = schedule == "gpipe" ? flexpar::pipeline_schedule::gpipe : flexpar::pipeline_schedule::one_f_one_b;
   lay.blocks.assign(static_cast<std::size_t>(pipeline), 0);
   for (std::size_t l = 0; l < c.layers; ++l) ++lay.blocks[l % static_cast<std::size_t>(pipeline)];
-  if (pipeline == 1) lay.micro_batches = 1;
+  if (pipeline == 1) {  // no pipeline: one batch per step, no schedule
+    lay.micro_batches = 1;
+    lay.schedule = flexpar::pipeline_schedule::one_f_one_b;
+  }
   if (!strategy_file.empty()) {
     std::ifstream f(strategy_file);
     std::stringstream json;

@@ -162,7 +162,8 @@ bool pipeline_space::valid(const pipeline_strategy& s) const {
   if (std::find_if(s.blocks.begin(), s.blocks.end(), [](int b) { return b < 1; }) != s.blocks.end()) return false;
   if (batch % (s.data * s.micro_batches) != 0) return false;
   if (heads % s.tensor != 0 || vocabulary % s.tensor != 0) return false;
-  return s.stages() == 1 ? s.micro_batches == 1 : true;  // without a pipeline the step is one batch
+  // without a pipeline the step is one batch, and there is no schedule to choose (1F1B by convention)
+  return s.stages() > 1 || (s.micro_batches == 1 && s.schedule == pipeline_schedule::one_f_one_b);
 }
 
 namespace {
@@ -208,7 +209,10 @@ pipeline_strategy pipeline_search::propose(const pipeline_strategy& s) {
       n.blocks = balanced_blocks(space_.blocks, p);
       n.tensor = std::gcd(n.tensor, rest);
       n.data = rest / n.tensor;
-      if (p == 1) n.micro_batches = 1;
+      if (p == 1) {  // no pipeline: one batch, and no schedule to choose
+        n.micro_batches = 1;
+        n.schedule = pipeline_schedule::one_f_one_b;
+      }
       break;
     }
     case 1: {  // one block across a stage boundary
@@ -240,7 +244,8 @@ pipeline_strategy pipeline_search::propose(const pipeline_strategy& s) {
             pick(0, static_cast<int>(space_.micro_batch_choices.size()) - 1))];
       break;
     default:
-      n.schedule = n.schedule == pipeline_schedule::gpipe ? pipeline_schedule::one_f_one_b : pipeline_schedule::gpipe;
+      if (n.stages() > 1)
+        n.schedule = n.schedule == pipeline_schedule::gpipe ? pipeline_schedule::one_f_one_b : pipeline_schedule::gpipe;
   }
   return n;
 }

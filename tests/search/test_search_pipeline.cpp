@@ -82,6 +82,27 @@ TEST(search_pipeline, stages_sharing_a_device_take_turns) {
   EXPECT_LT(t.seconds, simulate_pipeline(equal_stages(2, 2, 4), 8, pipeline_schedule::one_f_one_b).seconds);
 }
 
+TEST(search_pipeline, interleaved_within_p_minus_one_units_as_on_the_runtime) {
+  // the actor runtime's unit-time machine: interleaved 1F1B ends within p - 1 units of 2 (v m + p - 1)
+  // and before plain 1F1B on the same layers (tests/actor/test_pipeline_inproc.cpp). Here within p: when
+  // two firings become ready at the same instant, the runtime takes them in the order their inputs
+  // arrived, this model by stage; that costs one unit at p = 4, v = 3, m = 8 and 16.
+  for (int p : {2, 3, 4})
+    for (int v : {2, 3})
+      for (int m : {p, 2 * p, 4 * p}) {
+        std::vector<stage_timing> st;
+        std::vector<std::size_t> stash;
+        for (int j = 0; j < p * v; ++j) {
+          st.push_back({1, 1, 0, j % p});
+          stash.push_back(stash_registers(pipeline_schedule::one_f_one_b, p * v, j, m, v));
+        }
+        const double t = simulate_pipeline(st, m, pipeline_schedule::one_f_one_b, stash).seconds;
+        EXPECT_LE(t, 2.0 * (v * m + p - 1) + p) << "p " << p << " v " << v << " m " << m;
+        EXPECT_LT(t, simulate_pipeline(equal_stages(p, v, v), m, pipeline_schedule::one_f_one_b).seconds)
+            << "p " << p << " v " << v << " m " << m;
+      }
+}
+
 /// A synthetic layered model: a block costs 4 units of compute split over data x tensor ranks, tensor
 /// parallelism pays 0.5 per block per extra rank in allreduces, data parallelism pays `sync` per block
 /// of weights replicated; the first and last parts cost 1 each.
@@ -109,6 +130,8 @@ TEST(search_pipeline, estimate_memory_and_validity) {
   EXPECT_FALSE(space.valid(pipeline_strategy{1, 3, 1, pipeline_schedule::gpipe, {4}}));      // 3 ranks, 3 !| 4 heads
   EXPECT_FALSE(space.valid(pipeline_strategy{4, 1, 8, pipeline_schedule::gpipe, {4}}));      // m without a pipeline
   EXPECT_FALSE(space.valid(pipeline_strategy{2, 1, 16, pipeline_schedule::gpipe, {2, 2}}));  // 2 x 16 !| 16
+  EXPECT_FALSE(space.valid(pipeline_strategy{4, 1, 1, pipeline_schedule::gpipe, {4}}));      // a schedule, no pipeline
+  EXPECT_TRUE(space.valid(pipeline_strategy{4, 1, 1, pipeline_schedule::one_f_one_b, {4}}));
   const auto e = estimate(pp, synthetic(1.0));
   // stage work per micro-batch: 5/4 (first and last: 1.25, middle: 1.0); the last stage's 1.25 paces
   EXPECT_GT(e.seconds, 4 * 1.25);

@@ -70,7 +70,8 @@ struct pipeline_strategy {
 /// Where a stage sits and what it holds, for a cost function.
 struct stage_shape {
   int stages = 1;            ///< stages of the strategy
-  int data = 1, tensor = 1;  ///< its mesh
+  int data = 1;              ///< its mesh: data-parallel ranks
+  int tensor = 1;            ///< its mesh: tensor-parallel ranks
   int micro_batches = 1;     ///< micro-batches per step (the micro-batch is the mini-batch / this)
   int blocks = 0;            ///< blocks it holds
   bool first = false;        ///< holds the first part
@@ -113,7 +114,7 @@ struct pipeline_space {
   int vocabulary = 1;                                ///< output classes (tensor must divide them)
   std::vector<int> micro_batch_choices{1, 2, 4, 8};  ///< m values to try (m must divide the batch / data)
   /// True when `s` runs here: ranks match, stages <= blocks, data x m divides the batch, tensor divides
-  /// heads and vocabulary, every stage holds a block or more.
+  /// heads and vocabulary, every stage holds a block or more; one stage has m = 1 and 1F1B (no schedule).
   [[nodiscard]] bool valid(const pipeline_strategy& s) const;
   /// Data, tensor and pipeline parallelism alone, where valid (pipeline: blocks balanced, the largest m).
   [[nodiscard]] std::vector<pipeline_strategy> pure() const;
