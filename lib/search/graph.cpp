@@ -222,10 +222,16 @@ graph cnn_small(std::size_t batch, std::size_t side, std::size_t channels, std::
 }
 
 graph transformer(std::size_t layers, std::size_t batch, std::size_t seq, std::size_t hidden) {
+  return transformer_stage(layers, true, true, batch, seq, hidden, 0);
+}
+
+graph transformer_stage(std::size_t blocks, bool first, bool last, std::size_t batch, std::size_t seq,
+                        std::size_t hidden, std::size_t block0) {
   graph g;
   g.name = "transformer";
-  std::size_t x = g.add(make::elementwise("input_norm", batch, hidden, seq, 5));
-  for (std::size_t l = 0; l < layers; ++l) {
+  std::size_t x = g.add(first ? make::elementwise("input_norm", batch, hidden, seq, 5)
+                              : make::elementwise(numbered("stage_input_", block0), batch, hidden, seq, 1));
+  for (std::size_t l = block0; l < block0 + blocks; ++l) {
     const std::string p = numbered("l", l).append(".");
     const std::size_t attn = g.add(with_inputs(make::attention(p + "attention", batch, hidden, seq), {x}));
     const std::size_t res1 = g.add(with_inputs(make::elementwise(p + "residual1", batch, hidden, seq, 5), {attn, x}));
@@ -234,8 +240,10 @@ graph transformer(std::size_t layers, std::size_t batch, std::size_t seq, std::s
     const std::size_t ffn2 = g.add(with_inputs(make::linear(p + "ffn2", batch, 4 * hidden, hidden, seq), {gelu}));
     x = g.add(with_inputs(make::elementwise(p + "residual2", batch, hidden, seq, 5), {ffn2, res1}));
   }
-  const std::size_t head = g.add(with_inputs(make::linear("head", batch, hidden, 1000, seq), {x}));
-  g.add(with_inputs(make::elementwise("loss", batch, 1000, seq, 5), {head}));
+  if (last) {
+    const std::size_t head = g.add(with_inputs(make::linear("head", batch, hidden, 1000, seq), {x}));
+    g.add(with_inputs(make::elementwise("loss", batch, 1000, seq, 5), {head}));
+  }
   return g;
 }
 

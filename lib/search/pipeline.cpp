@@ -1,7 +1,9 @@
 // lib/search/pipeline.cpp — the timed pipeline schedule, 3-D strategies of a layered model, their
 // estimate and the search over them (header: flexpar/search/pipeline.hpp).
 #include <flexpar/core/error.hpp>
+#include <flexpar/search/mcmc.hpp>
 #include <flexpar/search/pipeline.hpp>
+#include <flexpar/search/simulator.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -9,7 +11,9 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <numeric>
+#include <tuple>
 
 namespace flexpar::search {
 
@@ -154,6 +158,52 @@ pipeline_estimate estimate(const pipeline_strategy& s, const stage_cost_fn& cost
   e.fits = memory_limit == 0 || e.peak_memory <= memory_limit;
   e.seconds = e.fits ? t.seconds + per_step : std::numeric_limits<double>::infinity();
   return e;
+}
+
+stage_cost_fn simulated_stage_costs(std::function<graph(const stage_shape&)> stage_graph, cluster whole,
+                                    std::function<double(const stage_shape&)> activation_bytes, std::uint64_t seed,
+                                    std::size_t iterations) {
+  using key = std::tuple<int, int, int, int, bool, bool>;  // devices, stages, m, blocks, first, last
+  auto memo = std::make_shared<std::map<key, stage_cost>>();
+  return [=](const stage_shape& s) {
+    const int devices = s.data * s.tensor;
+    const key k{devices, s.stages, s.micro_batches, s.blocks, s.first, s.last};
+    if (auto it = memo->find(k); it != memo->end()) return it->second;
+    cluster part = whole;
+    if (devices <= whole.devices_per_node) {
+      part.nodes = 1;
+      part.devices_per_node = devices;
+    } else {
+      if (devices % whole.devices_per_node != 0)
+        throw usage_error("search::simulated_stage_costs: a stage of " + std::to_string(devices) +
+                          " devices is not whole nodes of " + std::to_string(whole.devices_per_node));
+      part.nodes = devices / whole.devices_per_node;
+    }
+    simulator sim(stage_graph(s), part);
+    search_options options;
+    options.iterations = iterations;
+    mcmc_search mcmc(sim, seed, options);
+    const search_result r = mcmc.run();
+    stage_cost c;
+    if (!std::isfinite(r.best_time)) {
+      c.forward = c.backward = std::numeric_limits<double>::infinity();
+    } else if (s.stages == 1) {  // no pipeline: the simulated step itself (communication overlapping compute)
+      c.forward = r.best_time;
+    } else {
+      for (std::size_t i = 0; i < sim.model().ops.size(); ++i) {
+        const op_times t = sim.times_of(i);
+        c.forward += t.forward + t.input_boxing;
+        c.backward += t.backward + t.backward_boxing;
+        c.step += t.gradient_allreduce + t.update;
+      }
+    }
+    const double bytes = activation_bytes(s);
+    const link& l = devices >= whole.devices_per_node && whole.nodes > 1 ? whole.inter : whole.intra;
+    c.send = s.last ? 0.0 : l.latency + bytes / l.bandwidth;
+    c.activation_bytes = static_cast<std::uint64_t>(2 * bytes);
+    memo->emplace(k, c);
+    return c;
+  };
 }
 
 bool pipeline_space::valid(const pipeline_strategy& s) const {

@@ -6,7 +6,9 @@
 #include <cmath>
 
 #include <flexpar/core/error.hpp>
+#include <flexpar/search/mcmc.hpp>
 #include <flexpar/search/pipeline.hpp>
+#include <flexpar/search/simulator.hpp>
 
 namespace flexpar::search {
 namespace {
@@ -166,6 +168,43 @@ TEST(search_pipeline, search_beats_or_ties_the_pure_strategies_and_is_determinis
       EXPECT_EQ(found.data, 1) << found.describe();  // dear allreduces: none
     }
   }
+}
+
+TEST(search_pipeline, stages_priced_by_the_op_graph_simulator) {
+  // a 16-device cluster of 4 nodes with a slow inter-node link; each stage's per-op configs searched
+  const cluster cl = preset("16-4-slow-inter");
+  const std::size_t batch = 64, seq = 128, hidden = 1024;
+  auto stage_graph = [&](const stage_shape& s) {
+    return reference::transformer_stage(static_cast<std::size_t>(s.blocks), s.first, s.last,
+                                        batch / static_cast<std::size_t>(s.micro_batches), seq, hidden, 0);
+  };
+  auto activation = [&](const stage_shape& s) {
+    return 4.0 * double(batch) / s.micro_batches * double(seq) * double(hidden) / s.data;
+  };
+  const stage_cost_fn cost = simulated_stage_costs(stage_graph, cl, activation, 1, 200);
+  const stage_shape middle{4, 4, 1, 4, 2, false, false};
+  const stage_cost a = cost(middle), b = cost(middle);  // memoized: the same answer
+  EXPECT_EQ(a.forward, b.forward);
+  EXPECT_GT(a.forward, 0);
+  EXPECT_GT(a.backward, a.forward);  // a backward is two forwards' work
+  EXPECT_DOUBLE_EQ(a.send, cl.inter.latency + activation(middle) / cl.inter.bandwidth);  // a stage fills a node
+  EXPECT_EQ(cost({8, 2, 1, 4, 1, false, false}).send,
+            cl.intra.latency + 4.0 * 16 * 128 * 1024 / 2 / cl.intra.bandwidth);  // two stages per node
+  EXPECT_THROW((void)cost({2, 6, 1, 1, 4, true, false}), usage_error);           // 6 devices: not whole nodes
+  // one stage is the whole model: priced by the per-op search's simulated step on the whole cluster
+  simulator full(reference::transformer(8, batch, seq, hidden), cl);
+  search_options options;
+  options.iterations = 200;
+  const double whole = mcmc_search(full, 1, options).run().best_time;
+  EXPECT_EQ(cost({1, 16, 1, 1, 8, true, true}).forward, whole);
+  pipeline_space space{16, 8, 64, 16, 1000};
+  pipeline_search search(space, cost, 1);
+  const pipeline_strategy found = search.run(300);
+  EXPECT_TRUE(space.valid(found)) << found.describe();
+  for (const auto& s : space.pure()) EXPECT_LE(search.estimate_of(found).seconds, search.estimate_of(s).seconds);
+  // the slow inter-node link: stages keep the weights' synchronization off it, only activations cross
+  EXPECT_GT(found.stages(), 1) << found.describe();
+  EXPECT_LT(search.estimate_of(found).seconds, whole) << found.describe();
 }
 
 TEST(search_pipeline, json_round_trip) {

@@ -99,6 +99,11 @@ graph cnn(std::size_t batch);
 graph cnn_small(std::size_t batch, std::size_t side = 8, std::size_t channels = 3, std::size_t classes = 10);
 /// `layers` Transformer blocks (attention, residual, FFN hidden -> 4 hidden -> hidden, residual).
 graph transformer(std::size_t layers, std::size_t batch, std::size_t seq, std::size_t hidden);
+/// One pipeline stage of `transformer`: blocks block0 ... block0 + blocks - 1, after the input norm when
+/// `first` (else after a stage input: the activation received), and the head and loss when `last`.
+/// transformer(L, ...) is transformer_stage(L, true, true, ..., 0).
+graph transformer_stage(std::size_t blocks, bool first, bool last, std::size_t batch, std::size_t seq,
+                        std::size_t hidden, std::size_t block0);
 /// A DLRM-like recommender: `tables` embedding tables of `vocab` x 64, a bottom MLP on the dense
 /// features, the interaction, and a top MLP.
 graph dlrm(std::size_t batch, std::size_t tables, std::size_t vocab);

@@ -22,6 +22,8 @@
 #include <vector>
 
 #include <flexpar/actor/pipeline.hpp>
+#include <flexpar/search/cluster.hpp>
+#include <flexpar/search/graph.hpp>
 
 namespace flexpar::search {
 
@@ -104,6 +106,20 @@ struct pipeline_estimate {
 /// device's memory exceeds `memory_limit` (bytes; 0: no limit).
 /// @throws usage_error for a strategy with no stage, a stage of no block, or m < 1.
 pipeline_estimate estimate(const pipeline_strategy& s, const stage_cost_fn& cost, std::uint64_t memory_limit = 0);
+
+/// Stage costs from the op-graph simulator, for clusters that cannot be measured here: a stage is the
+/// graph `stage_graph(shape)` (its micro-batch's ops) on data x tensor consecutive devices of `whole`
+/// (one node when they fit in one, else whole nodes), its per-op configs found by mcmc_search over
+/// those devices (`iterations` steps: per-op SBP inside the stage), and its costs the simulator's per-op
+/// times of that strategy: forward = sum of forward + input boxing, backward = backward + backward
+/// boxing, per step = gradient synchronization + update (a stage's gradient synchronization is not
+/// overlapped with the pipeline's drain; a single stage is priced by its simulated step, which overlaps
+/// it with the backward); the activation (`activation_bytes(shape)` per
+/// device) moves on the inter-node link when a stage fills whole nodes, else on the intra-node link.
+/// A stage whose strategy does not fit a device's memory costs +infinity. Memoized per shape.
+stage_cost_fn simulated_stage_costs(std::function<graph(const stage_shape&)> stage_graph, cluster whole,
+                                    std::function<double(const stage_shape&)> activation_bytes, std::uint64_t seed,
+                                    std::size_t iterations = 300);
 
 /// What a search may propose for a model: its size and the divisibility rules of its executor.
 struct pipeline_space {
