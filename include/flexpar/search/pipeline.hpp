@@ -71,13 +71,13 @@ struct pipeline_strategy {
 
 /// Where a stage sits and what it holds, for a cost function.
 struct stage_shape {
-  int stages = 1;            ///< stages of the strategy
-  int data = 1;              ///< its mesh: data-parallel ranks
-  int tensor = 1;            ///< its mesh: tensor-parallel ranks
-  int micro_batches = 1;     ///< micro-batches per step (the micro-batch is the mini-batch / this)
-  int blocks = 0;            ///< blocks it holds
-  bool first = false;        ///< holds the first part
-  bool last = false;         ///< holds the last part
+  int stages = 1;         ///< stages of the strategy
+  int data = 1;           ///< its mesh: data-parallel ranks
+  int tensor = 1;         ///< its mesh: tensor-parallel ranks
+  int micro_batches = 1;  ///< micro-batches per step (the micro-batch is the mini-batch / this)
+  int blocks = 0;         ///< blocks it holds
+  bool first = false;     ///< holds the first part
+  bool last = false;      ///< holds the last part
 };
 
 /// A stage's costs, from measurement or a model.
