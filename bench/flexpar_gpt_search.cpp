@@ -41,6 +41,11 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
+double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
 /// The median of `reps` timings of `f` (after one untimed call), the slowest rank's of `comm`.
 template <class F>
 double timed(flexpar::communicator& comm, int reps, F&& f) {
@@ -51,8 +56,7 @@ double timed(flexpar::communicator& comm, int reps, F&& f) {
     f();
     t.push_back(seconds_since(t0));
   }
-  std::nth_element(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(t.size() / 2), t.end());
-  double mine = t[t.size() / 2], slowest = 0;
+  double mine = median(std::move(t)), slowest = 0;
   MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm.mpi_comm());
   return slowest;
 }
@@ -270,10 +274,6 @@ search::stage_cost_fn costs(const profile& p, const gpt::config& c) {
   };
 }
 
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
 
 }  // namespace
 

@@ -73,8 +73,7 @@ int main(int argc, char** argv) {
   app.add_option("--corpus", corpus, "the text to train on (Debian: apt-get install fortunes-min)");
   CLI11_PARSE(app, argc, argv);
   lay.schedule = schedule == "gpipe" ? flexpar::pipeline_schedule::gpipe : flexpar::pipeline_schedule::one_f_one_b;
-  lay.blocks.assign(static_cast<std::size_t>(pipeline), 0);
-  for (std::size_t l = 0; l < c.layers; ++l) ++lay.blocks[l % static_cast<std::size_t>(pipeline)];
+  lay.blocks = flexpar::search::balanced_blocks(static_cast<int>(c.layers), pipeline);
   if (pipeline == 1) {  // no pipeline: one batch per step, no schedule
     lay.micro_batches = 1;
     lay.schedule = flexpar::pipeline_schedule::one_f_one_b;

@@ -61,14 +61,7 @@ struct mesh_of_stage {
   sbp::nd_parallel input, output;
   int group = 0;  // the stream group: stages on the same ranks and stream take turns
 
-  [[nodiscard]] std::vector<int> coords(std::size_t index) const {
-    std::vector<int> c(shape.size());
-    for (std::size_t d = shape.size(); d-- > 0;) {
-      c[d] = static_cast<int>(index % static_cast<std::size_t>(shape[d]));
-      index /= static_cast<std::size_t>(shape[d]);
-    }
-    return c;
-  }
+  [[nodiscard]] std::vector<int> coords(std::size_t index) const { return sbp::mesh_coords(index, shape); }
   [[nodiscard]] sbp::box box(const sbp::shape_t& s, const sbp::nd_parallel& layout, std::size_t index) const {
     const auto c = coords(index);
     return sbp::shard_box(s, layout, shape, c);

@@ -206,6 +206,12 @@ stage_cost_fn simulated_stage_costs(std::function<graph(const stage_shape&)> sta
   };
 }
 
+std::vector<int> balanced_blocks(int blocks, int stages) {
+  std::vector<int> out(static_cast<std::size_t>(stages), blocks / stages);
+  for (int k = 0; k < blocks % stages; ++k) ++out[static_cast<std::size_t>(k)];
+  return out;
+}
+
 bool pipeline_space::valid(const pipeline_strategy& s) const {
   if (s.stages() < 1 || s.data < 1 || s.tensor < 1 || s.micro_batches < 1 || s.ranks() != ranks) return false;
   if (std::accumulate(s.blocks.begin(), s.blocks.end(), 0) != blocks) return false;
@@ -215,14 +221,6 @@ bool pipeline_space::valid(const pipeline_strategy& s) const {
   // without a pipeline the step is one batch, and there is no schedule to choose (1F1B by convention)
   return s.stages() > 1 || (s.micro_batches == 1 && s.schedule == pipeline_schedule::one_f_one_b);
 }
-
-namespace {
-std::vector<int> balanced_blocks(int blocks, int stages) {
-  std::vector<int> out(static_cast<std::size_t>(stages), blocks / stages);
-  for (int k = 0; k < blocks % stages; ++k) ++out[static_cast<std::size_t>(k)];
-  return out;
-}
-}  // namespace
 
 std::vector<pipeline_strategy> pipeline_space::pure() const {
   std::vector<pipeline_strategy> out;

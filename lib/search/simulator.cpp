@@ -141,15 +141,6 @@ nd_parallel dual(nd_parallel s) {
   return s;
 }
 
-std::vector<int> coords_of(int x, const std::vector<int>& mesh) {
-  std::vector<int> c(mesh.size());
-  for (std::size_t d = mesh.size(); d-- > 0;) {
-    c[d] = x % mesh[d];
-    x /= mesh[d];
-  }
-  return c;
-}
-
 std::size_t overlap(const sbp::box& a, const sbp::box& b) {
   std::size_t n = 1;
   for (std::size_t k = 0; k < a.offset.size(); ++k) {
@@ -308,7 +299,7 @@ struct simulator::impl {
     std::vector<int> holder;
     std::vector<sbp::box> own(static_cast<std::size_t>(src.devices));
     for (int x = 0; x < src.devices; ++x) {
-      const std::vector<int> c = coords_of(x, src.mesh);
+      const std::vector<int> c = sbp::mesh_coords(static_cast<std::size_t>(x), src.mesh);
       own[static_cast<std::size_t>(x)] = sbp::shard_box(shape, whole, src.mesh, c);
       bool canonical = true;
       for (std::size_t d = 0; d < whole.rank; ++d)
@@ -321,7 +312,7 @@ struct simulator::impl {
     double slowest = 0;
     for (int y = 0; y < dst.devices; ++y) {
       const int device = dst.first + y;
-      const sbp::box want = sbp::shard_box(shape, need, dst.mesh, coords_of(y, dst.mesh));
+      const sbp::box want = sbp::shard_box(shape, need, dst.mesh, sbp::mesh_coords(static_cast<std::size_t>(y), dst.mesh));
       std::size_t local = 0;
       const bool holds = device >= src.first && device < src.first + src.devices;
       if (holds) local = overlap(want, own[static_cast<std::size_t>(device - src.first)]);
@@ -396,7 +387,7 @@ struct simulator::impl {
     const double bytes = weight_share(i);
     std::map<std::vector<int>, std::map<int, int>> groups;  // split coordinates -> node -> devices
     for (int x = 0; x < p.devices; ++x) {
-      std::vector<int> c = coords_of(x, p.mesh);
+      std::vector<int> c = sbp::mesh_coords(static_cast<std::size_t>(x), p.mesh);
       for (std::size_t d = 0; d < s.weight.rank; ++d)
         if (!s.weight[d].is_split()) c[d] = -1;
       ++groups[c][cl.node_of(p.first + x)];

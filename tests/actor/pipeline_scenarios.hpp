@@ -211,11 +211,7 @@ inline void mesh_pipeline_matches_serial(communicator& comm, const mesh_case& c,
     if (pl.index < 0) continue;
     const std::vector<int> mshape =
         mesh.shape.empty() ? std::vector<int>{static_cast<int>(mesh.ranks.size())} : mesh.shape;
-    std::vector<int> coords(mshape.size());
-    for (std::size_t d = mshape.size(), rest = static_cast<std::size_t>(pl.index); d-- > 0;) {
-      coords[d] = static_cast<int>(rest % static_cast<std::size_t>(mshape[d]));
-      rest /= static_cast<std::size_t>(mshape[d]);
-    }
+    const std::vector<int> coords = sbp::mesh_coords(static_cast<std::size_t>(pl.index), mshape);
     const bool one = mesh.ranks.size() == 1;
     pl.in = one ? sbp::box{{0, 0}, shape} : sbp::shard_box(shape, mesh.input, mshape, coords);
     pl.out = one ? sbp::box{{0, 0}, shape} : sbp::shard_box(shape, mesh.output, mshape, coords);

@@ -58,6 +58,17 @@ struct box {
   [[nodiscard]] std::size_t elements() const noexcept { return elements_of(extent); }
 };
 
+/// The coordinates of mesh index `index` (row-major: the last axis varies fastest) on a mesh of
+/// `extents`.
+inline std::vector<int> mesh_coords(std::size_t index, std::span<const int> extents) {
+  std::vector<int> c(extents.size());
+  for (std::size_t d = extents.size(); d-- > 0;) {
+    c[d] = static_cast<int>(index % static_cast<std::size_t>(extents[d]));
+    index /= static_cast<std::size_t>(extents[d]);
+  }
+  return c;
+}
+
 /// The box that mesh coordinates `coords` hold of a logical tensor `shape` under `s`, applying the
 /// mesh axes in `order` (all of them, in mesh order, by default; boxing applies all but one).
 inline box shard_box(const shape_t& shape, const nd_parallel& s, std::span<const int> mesh_shape,

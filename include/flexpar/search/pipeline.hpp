@@ -121,6 +121,9 @@ stage_cost_fn simulated_stage_costs(std::function<graph(const stage_shape&)> sta
                                     std::function<double(const stage_shape&)> activation_bytes, std::uint64_t seed,
                                     std::size_t iterations = 300);
 
+/// `blocks` blocks cut into `stages` stages as evenly as they go, the first stages taking one more.
+std::vector<int> balanced_blocks(int blocks, int stages);
+
 /// What a search may propose for a model: its size and the divisibility rules of its executor.
 struct pipeline_space {
   int ranks = 1;                                     ///< ranks to use (all of them)
@@ -146,7 +149,7 @@ class pipeline_search {
   pipeline_search(pipeline_space space, stage_cost_fn cost, std::uint64_t seed, std::uint64_t memory_limit = 0);
   /// Runs `proposals` proposals; returns the best strategy seen (valid, finite when any is).
   pipeline_strategy run(int proposals, double beta = 5.0);
-  /// The estimate of `s` (cached by describe()).
+  /// The estimate of `s` (search::estimate with this search's costs and memory limit).
   pipeline_estimate estimate_of(const pipeline_strategy& s);
 
  private:
