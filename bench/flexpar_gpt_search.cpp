@@ -8,8 +8,9 @@
 //    into groups of data x tensor ranks and every group measures at once: a block's forward and
 //    backward, the first part's (embeddings) and the last part's (final norm, tied output layer,
 //    loss), per mesh and micro-batch size; per step, the gradients' boxing over the data axis and
-//    Adam, per block and for the embeddings; an activation's move between two ranks. Each number is
-//    the median of --reps, the slowest rank's.
+//    Adam, per block and for the embeddings; the pipeline runtime's own cost per firing and per step (an
+//    empty pipeline of the same meshes and shapes, fitted over m). Each number is the median of --reps,
+//    the slowest rank's.
 // 2. Search: search::pipeline_search over stage cuts, the stages' data x tensor mesh, m and the
 //    schedule, with those costs (search::estimate: the timed pipeline schedule plus the per-step work).
 // 3. Run: data, tensor and pipeline parallelism alone and the strategy found, --steps each; the median
@@ -104,12 +105,7 @@ profile measure(flexpar::communicator& comm, const gpt::config& c, const search:
     for (int tensor = 1; tensor <= per; ++tensor) {
       const int data = per / tensor;
       if (per % tensor != 0 || space.heads % tensor != 0 || space.vocabulary % tensor != 0) continue;
-      std::vector<fs::placement<2>> groups;
-      for (int g = 0; g < n / per; ++g) {
-        std::vector<int> ranks;
-        for (int k = 0; k < per; ++k) ranks.push_back(g * per + k);
-        groups.emplace_back(comm, std::array<int, 2>{data, tensor}, ranks);
-      }
+      const std::vector<fs::placement<2>> groups = gpt::stage_meshes(comm, n / per, data, tensor);
       const fs::placement<2>& mesh = groups[static_cast<std::size_t>(comm.rank() / per)];
       if (per == n) {  // no pipeline: the whole model is one stage, its cost one training step
         if (space.batch % data != 0) continue;
@@ -201,12 +197,7 @@ profile measure(flexpar::communicator& comm, const gpt::config& c, const search:
     for (int tensor = 1; tensor <= per; ++tensor) {
       const int data = per / tensor;
       if (per % tensor != 0 || space.heads % tensor != 0 || space.vocabulary % tensor != 0) continue;
-      std::vector<fs::placement<2>> meshes;
-      for (int g = 0; g < stages; ++g) {
-        std::vector<int> ranks;
-        for (int k = 0; k < per; ++k) ranks.push_back(g * per + k);
-        meshes.emplace_back(comm, std::array<int, 2>{data, tensor}, ranks);
-      }
+      const std::vector<fs::placement<2>> meshes = gpt::stage_meshes(comm, stages, data, tensor);
       std::vector<std::pair<double, double>> points;  // (2 (m + P - 1), seconds)
       for (int m : space.micro_batch_choices) {
         if (space.batch % (data * m) != 0) continue;

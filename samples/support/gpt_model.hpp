@@ -428,6 +428,18 @@ inline run_result train_on_mesh(flexpar::communicator& comm, const config& c, co
   return r;
 }
 
+/// `groups` (data, tensor) meshes of consecutive ranks: group g is ranks g D T ... (g + 1) D T - 1.
+/// Collective over `comm`: every rank builds each.
+inline std::vector<fs::placement<2>> stage_meshes(flexpar::communicator& comm, int groups, int data, int tensor) {
+  std::vector<fs::placement<2>> meshes;
+  for (int g = 0; g < groups; ++g) {
+    std::vector<int> ranks;
+    for (int k = 0; k < data * tensor; ++k) ranks.push_back(g * data * tensor + k);
+    meshes.emplace_back(comm, std::array<int, 2>{data, tensor}, ranks);
+  }
+  return meshes;
+}
+
 /// The pipelined run: one group of data x tensor ranks per stage, group g running stage g (lay.blocks[g]
 /// blocks) on its mesh; the activations between stages are (S(0), B) pieces on actor edges.
 inline run_result train_pipelined(flexpar::communicator& comm, const config& c, const layout& lay,
@@ -438,12 +450,7 @@ inline run_result train_pipelined(flexpar::communicator& comm, const config& c, 
   std::vector<std::size_t> first_block(1, 0);  // stage g holds blocks [first_block[g], first_block[g + 1])
   for (int b : lay.blocks) first_block.push_back(first_block.back() + static_cast<std::size_t>(b));
   // [snippet:gpt_pipeline]
-  std::vector<fs::placement<2>> meshes;  // one (data, tensor) mesh per stage; every rank builds each
-  for (int g = 0; g < lay.stages(); ++g) {
-    std::vector<int> ranks;
-    for (int k = 0; k < per_group; ++k) ranks.push_back(g * per_group + k);
-    meshes.emplace_back(comm, std::array<int, 2>{lay.data, lay.tensor}, ranks);
-  }
+  const std::vector<fs::placement<2>> meshes = stage_meshes(comm, lay.stages(), lay.data, lay.tensor);
   const fs::placement<2>& mesh = meshes[static_cast<std::size_t>(group)];
   const auto g0 = static_cast<std::size_t>(group);
   stage_model sm = make_stage(mesh, c, init, first_block[g0], first_block[g0 + 1] - first_block[g0], group == 0,
