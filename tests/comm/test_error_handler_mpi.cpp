@@ -4,7 +4,8 @@
 // the call before any data moves (collective/call_agreement.hpp): every rank ends in the same
 // mismatch_error. A message longer than its receive, which a collective can no longer send, still
 // ends in a transport_error saying so on the receiving rank (point to point over the transport),
-// not in an abort. This program never touches the world's handler.
+// not in an abort. This program never touches the world's handler (flexpar switches it only for the
+// duration of each MPI_Test of a receive, and the test checks it is the default again afterwards).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -54,6 +55,11 @@ TEST(mpi_error_handler, mismatched_ring_allreduce_ends_in_flexpar_errors_not_an_
       }
     }
   }
+  // The MPI transport tests its receives with the world's handler switched to MPI_ERRORS_RETURN for
+  // each MPI_Test (mpi_transport.cpp): afterwards it is the default again.
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &world_handler);
+  EXPECT_EQ(world_handler, MPI_ERRORS_ARE_FATAL) << "the world's handler was left switched";
+  MPI_Errhandler_free(&world_handler);
   // The world is still usable (GoogleTest's main agrees on the exit status through it).
   int one = 1, all = 0;
   MPI_Allreduce(&one, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

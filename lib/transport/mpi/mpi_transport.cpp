@@ -1,25 +1,32 @@
-// lib/transport/mpi/mpi_transport.cpp — the MPI transport: MPI_Isend_c on a flexpar-owned duplicate;
-// receives matched with MPI_Improbe and completed with MPI_Imrecv_c (MPI 4 large counts throughout).
+// lib/transport/mpi/mpi_transport.cpp — the MPI transport: MPI_Isend_c and MPI_Irecv_c on a
+// flexpar-owned duplicate (MPI 4 large counts throughout).
 //
-// Why a receive probes before it is posted. MPICH 4.0 reports the errors of MPI_Test (and of
-// MPI_Wait, MPI_Testall, MPI_Request_get_status, ...) through MPI_COMM_WORLD's error handler, not
-// through the handler of the request's communicator that flexpar sets to MPI_ERRORS_RETURN: with the
-// default MPI_ERRORS_ARE_FATAL a message larger than its receive buffer (ranks that disagree about a
-// count) aborted the job with MPICH's "Message truncated" before flexpar could report anything.
-// Here a receive is posted only once its message has arrived (MPI_Improbe on the duplicate, whose
-// handler returns): its size is known; a message too large is received into scratch space (so that
-// its sender completes) and reported as a transport_error; and the receive posted is exactly the
-// message's size, so nothing MPI_Test can report is a truncation. Receives of one (peer, tag) are
-// served in the order they were posted (the FIFO contract of transport.hpp): a probe always serves
-// the oldest receive waiting for that (peer, tag).
-// Cost: ~0.7 us more per small message (8-byte ping-pong here: 1.3 us -> 2.0 us with the MPI calls
-// alone); a large message's rendezvous starts when its receive is posted, as before. A receive not
-// yet matched is cancelled by forgetting it: nothing to cancel in MPI.
+// Receives are posted at once (MPI_Irecv_c), before their message arrives. That is what keeps the
+// wire busy: MPICH 4.0 over UCX/TCP serves a rendezvous message whose receive is posted only after
+// its request-to-send has arrived (the "unexpected" path) at about half the link's rate when both
+// directions carry data, erratically by message size (scripts/fakehosts, 1 Gbit/s links, 16 MiB
+// each way in chunks of 64 KiB to 8 MiB: 140 ms posted ahead at every size, 140-284 ms probed first,
+// MPI_Improbe or MPI_Iprobe alike). A ring that posts its receives when their messages are there
+// ran at 0.67x MPI_Allreduce on such links.
 //
-// Destroying an unfinished request settles it (transport.hpp): a matched receive waits for its
-// bytes, a send waits for its peer to take it (MPI cannot cancel a send that has started), both
-// until one FLEXPAR_TIMEOUT after the first request of this transport was abandoned, so that the
-// requests a failing collective leaves behind share one deadline.
+// Why the tests of a receive switch MPI_COMM_WORLD's handler. MPICH 4.0 reports the errors of
+// MPI_Test (and of MPI_Wait, MPI_Testall, MPI_Testsome, MPI_Testany, MPI_Request_get_status) through
+// MPI_COMM_WORLD's error handler, not through the handler of the request's communicator that flexpar
+// sets to MPI_ERRORS_RETURN: under the default MPI_ERRORS_ARE_FATAL a message larger than its
+// receive buffer aborted the job with MPICH's "Message truncated" before flexpar could report
+// anything. Every MPI_Test of a receive therefore runs under a world_errors_return: MPI_COMM_WORLD's
+// handler is MPI_ERRORS_RETURN for the duration of the call and restored afterwards, under one lock
+// for the process (the handler is the process's: two threads switching it at once could leave it
+// switched). A truncation is then a transport_error on the receiving rank; the sender completes (MPI
+// consumed its message). Cost: four MPI handle calls and an uncontended lock per test of a receive,
+// well under what probing each message cost (an 8-byte ping-pong: doc/transport.md). A thread of the
+// program calling MPI outside flexpar during that window would see an error returned where the world's
+// handler would have acted; flexpar's own calls hold the lock.
+//
+// Destroying an unfinished request settles it (transport.hpp): a receive is cancelled (MPI_Cancel;
+// one already matched gets its bytes), a send waits for its peer to take it (MPI cannot cancel a send
+// that has started), both until one FLEXPAR_TIMEOUT after the first request of this transport was
+// abandoned, so that the requests a failing collective leaves behind share one deadline.
 //
 // Liveness (transport/liveness.hpp): a request that has not completed asks the transport's view on
 // every poll whether a rank it depends on has failed, and throws peer_failure naming it; its
@@ -30,9 +37,8 @@
 #include <flexpar/transport/liveness.hpp>
 #include <flexpar/transport/mpi.hpp>
 
-#include <deque>
-#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -40,18 +46,8 @@
 namespace flexpar {
 namespace {
 
-/// A receive: waiting for its message, then posted (MPI_Imrecv_c) once the message is there.
-struct posted_recv {
-  std::span<std::byte> buffer;
-  bool matched = false;
-  MPI_Request handle = MPI_REQUEST_NULL;  // once matched
-  std::size_t size = 0;                   // of the message, once matched
-  std::unique_ptr<std::byte[]> overflow;  // the message, when it is larger than `buffer`
-  bool truncated = false;                 // the message was larger than `buffer`
-};
-
-/// The communicator and the receives waiting for their message: shared by the transport and its
-/// requests, so that a request outliving its transport can still be tested or abandoned.
+/// The communicator and its liveness view: shared by the transport and its requests, so that a
+/// request outliving its transport can still be tested or abandoned.
 class mpi_endpoint {
  public:
   mpi_endpoint(detail::owned_mpi_comm comm, std::chrono::milliseconds timeout)
@@ -70,62 +66,6 @@ class mpi_endpoint {
     if (blocked(info)) liveness_->throw_failure(info);
   }
 
-  void post(int peer, tag_t tag, const std::shared_ptr<posted_recv>& r) {
-    waiting_[{peer, tag}].push_back(r);
-    try {
-      match(peer, tag);
-    } catch (...) {
-      forget(peer, tag, r.get());  // e.g. MPI refused the peer: no request, so no receive either
-      throw;
-    }
-  }
-
-  /// Posts the receives of (peer, tag) whose messages have arrived, oldest receive first.
-  void match(int peer, tag_t tag) {
-    auto it = waiting_.find({peer, tag});
-    if (it == waiting_.end()) return;
-    auto& queue = it->second;
-    while (!queue.empty()) {
-      int found = 0;
-      MPI_Message message = MPI_MESSAGE_NULL;
-      MPI_Status status;
-      FLEXPAR_CHECK_MPI(MPI_Improbe(peer, static_cast<int>(tag), comm_.get(), &found, &message, &status));
-      if (!found) break;
-      MPI_Count count = 0;
-      FLEXPAR_CHECK_MPI(MPI_Get_count_c(&status, MPI_BYTE, &count));
-      const std::shared_ptr<posted_recv> r = std::move(queue.front());
-      queue.pop_front();
-      r->matched = true;
-      r->size = static_cast<std::size_t>(count);
-      std::byte* into = r->buffer.data();
-      if (r->size > r->buffer.size()) {
-        r->truncated = true;
-        r->overflow = std::make_unique_for_overwrite<std::byte[]>(r->size);
-        into = r->overflow.get();
-      }
-      FLEXPAR_CHECK_MPI(MPI_Imrecv_c(into, count, MPI_BYTE, &message, &r->handle));
-    }
-    if (queue.empty()) waiting_.erase(it);
-  }
-
-  /// match() for every (peer, tag) with a receive waiting. Every test of this transport's requests
-  /// calls it: a receive is posted only when someone probes for its message, and a peer's
-  /// rendezvous send waits for that, whichever of our requests we happen to be waiting on.
-  void match_all() {
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      const auto [peer, tag] = (it++)->first;  // match() may erase the entry: step past it first
-      match(peer, tag);
-    }
-  }
-
-  /// Drops a receive that is still waiting for its message.
-  void forget(int peer, tag_t tag, const posted_recv* r) noexcept {
-    auto it = waiting_.find({peer, tag});
-    if (it == waiting_.end()) return;
-    std::erase_if(it->second, [&](const auto& w) { return w.get() == r; });
-    if (it->second.empty()) waiting_.erase(it);
-  }
-
   /// The deadline of an abandoned request: one timeout after the first abandon of a series.
   deadline settle_deadline() noexcept {
     const clock::time_point now = clock::now();
@@ -138,8 +78,42 @@ class mpi_endpoint {
   std::shared_ptr<detail::liveness_view> liveness_;
   std::chrono::milliseconds timeout_;
   deadline settle_until_{};
-  std::map<std::pair<int, tag_t>, std::deque<std::shared_ptr<posted_recv>>> waiting_;
 };
+
+/// MPI_COMM_WORLD's error handler is MPI_ERRORS_RETURN while this lives (the file header: MPICH
+/// raises MPI_Test's errors through it), then the one it had; one at a time in the process.
+class world_errors_return {
+ public:
+  world_errors_return() : lock_(switching()) {
+    if (MPI_Comm_get_errhandler(MPI_COMM_WORLD, &saved_) != MPI_SUCCESS) {
+      saved_ = MPI_ERRHANDLER_NULL;  // no world (MPI sessions only): nothing to switch
+      return;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  }
+  ~world_errors_return() {
+    if (saved_ == MPI_ERRHANDLER_NULL) return;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, saved_);
+    MPI_Errhandler_free(&saved_);
+  }
+  world_errors_return(const world_errors_return&) = delete;
+  world_errors_return& operator=(const world_errors_return&) = delete;
+
+ private:
+  // One lock per process because the handler it guards is one per process.
+  static std::mutex& switching() {
+    static std::mutex m;
+    return m;
+  }
+  std::lock_guard<std::mutex> lock_;
+  MPI_Errhandler saved_ = MPI_ERRHANDLER_NULL;
+};
+
+/// MPI_Test of a receive, its errors returned (world_errors_return) rather than raised.
+int test_receive(MPI_Request& handle, int& done, MPI_Status& status) noexcept {
+  const world_errors_return returning;
+  return MPI_Test(&handle, &done, &status);
+}
 
 bool mpi_finalized() noexcept {
   int finalized = 0;
@@ -156,7 +130,8 @@ void settle(MPI_Request& handle, deadline until, const mpi_endpoint& endpoint,
   try {
     for (std::chrono::microseconds pause{2};; pause = std::min(pause * 2, std::chrono::microseconds{1000})) {
       int done = 0;
-      if (MPI_Test(&handle, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;  // failed: nothing in flight
+      MPI_Status status;
+      if (test_receive(handle, done, status) != MPI_SUCCESS || done) return;  // failed: nothing in flight
       if (clock::now() >= until || endpoint.blocked(info)) break;
       std::this_thread::sleep_for(pause);
     }
@@ -171,7 +146,6 @@ class mpi_send final : public detail::request_state {
       : request_state(info), endpoint_(std::move(endpoint)), handle_(handle) {}
 
   bool test() override {
-    endpoint_->match_all();  // the peer may wait for one of our receives before it takes this send
     int done = 0;
     FLEXPAR_CHECK_MPI(MPI_Test(&handle_, &done, MPI_STATUS_IGNORE));
     if (done) return true;
@@ -196,51 +170,49 @@ class mpi_send final : public detail::request_state {
 
 class mpi_recv final : public detail::request_state {
  public:
-  mpi_recv(const detail::request_info& info, std::shared_ptr<mpi_endpoint> endpoint, std::shared_ptr<posted_recv> r)
-      : request_state(info), endpoint_(std::move(endpoint)), recv_(std::move(r)) {}
+  mpi_recv(const detail::request_info& info, std::shared_ptr<mpi_endpoint> endpoint, MPI_Request handle)
+      : request_state(info), endpoint_(std::move(endpoint)), handle_(handle) {}
 
   bool test() override {
-    endpoint_->match_all();  // this receive, and the others a peer may be waiting for
     int done = 0;
-    if (recv_->matched) FLEXPAR_CHECK_MPI(MPI_Test(&recv_->handle, &done, MPI_STATUS_IGNORE));
+    MPI_Status status;
+    if (const int code = test_receive(handle_, done, status); code != MPI_SUCCESS) {
+      int error_class = MPI_ERR_OTHER;
+      MPI_Error_class(code, &error_class);
+      if (error_class == MPI_ERR_TRUNCATE)
+        throw transport_error("MPI", code,
+                              detail::describe(info_) +
+                                  " failed: Message truncated: the message is longer than the receive's buffer "
+                                  "(MPI_ERR_TRUNCATE)");
+      detail::throw_mpi_failure(code, "MPI_Test", std::source_location::current());
+    }
     if (!done) {
       endpoint_->check_alive(info_);
       return false;
     }
-    if (recv_->truncated) {
-      recv_->overflow.reset();
-      throw transport_error("MPI", MPI_ERR_TRUNCATE,
-                            detail::describe(info_) + " failed: Message truncated: the message has " +
-                                std::to_string(recv_->size) + " bytes (MPI_ERR_TRUNCATE)");
-    }
+    MPI_Count count = 0;
+    FLEXPAR_CHECK_MPI(MPI_Get_count_c(&status, MPI_BYTE, &count));
+    size_ = static_cast<std::size_t>(count);
     return true;
   }
 
   void abandon() noexcept override {
-    if (mpi_finalized()) return;
-    if (!recv_->matched) {
-      // Its message may be here already: take it, so that its sender completes.
-      try {
-        endpoint_->match(info_.peer, info_.tag);
-      } catch (const error&) {
-      }
-      if (!recv_->matched) {
-        endpoint_->forget(info_.peer, info_.tag, recv_.get());
-        return;
-      }
-    }
-    // Matched: the bytes are on their way into the buffer; wait for them, up to the deadline.
-    settle(recv_->handle, endpoint_->settle_deadline(), *endpoint_, info_);
+    if (handle_ == MPI_REQUEST_NULL || mpi_finalized()) return;
+    // Not yet matched: the cancel completes it at once. Matched: its bytes are on their way into the
+    // buffer; wait for them, up to the deadline.
+    MPI_Cancel(&handle_);
+    settle(handle_, endpoint_->settle_deadline(), *endpoint_, info_);
   }
 
-  [[nodiscard]] std::size_t bytes() const noexcept override { return recv_->size; }
+  [[nodiscard]] std::size_t bytes() const noexcept override { return size_; }
   [[nodiscard]] std::string stall_text(std::chrono::milliseconds waited) const override {
     return endpoint_->liveness() ? endpoint_->liveness()->stall_text(waited) : std::string();
   }
 
  private:
   std::shared_ptr<mpi_endpoint> endpoint_;
-  std::shared_ptr<posted_recv> recv_;
+  MPI_Request handle_;
+  std::size_t size_ = 0;
 };
 
 class mpi_transport final : public transport {
@@ -287,12 +259,11 @@ class mpi_transport final : public transport {
   }
 
   request do_irecv(int peer, tag_t tag, std::span<std::byte> data) override {
-    // MPI_Improbe checks the peer (a wrong one fails here, in MPI's words, as a send's does).
-    auto r = std::make_shared<posted_recv>();
-    r->buffer = data;
-    endpoint_->post(peer, tag, r);
+    MPI_Request handle = MPI_REQUEST_NULL;
+    FLEXPAR_CHECK_MPI(MPI_Irecv_c(data.data(), static_cast<MPI_Count>(data.size()), MPI_BYTE, peer,
+                                  static_cast<int>(tag), endpoint_->comm(), &handle));
     return request(
-        std::make_unique<mpi_recv>(info(message_direction::recv, peer, tag, data.size()), endpoint_, std::move(r)));
+        std::make_unique<mpi_recv>(info(message_direction::recv, peer, tag, data.size()), endpoint_, handle));
   }
 
  private:
