@@ -25,6 +25,7 @@ void ring_allgather(call& c, std::span<T> data, const block_layout& layout) {
   const int next = modulo(r + 1, p), prev = modulo(r - 1, p);
   auto recv_block = [&](int step) { return modulo(r - step - 1, p); };
 
+  clear_to_send ready(c, prev, next, needs_clear_to_send(c, first_message_bytes<T>(layout)));
   std::vector<std::vector<request>> receives(static_cast<std::size_t>(p - 1));
   for (int step = 0; step < p - 1; ++step) {
     const std::span<T> block = layout.of(data, recv_block(step));
@@ -32,6 +33,7 @@ void ring_allgather(call& c, std::span<T> data, const block_layout& layout) {
     for (std::size_t k = 0; k < chunks.count(); ++k)
       receives[static_cast<std::size_t>(step)].push_back(c.irecv(prev, writable_bytes_of(chunks.of(block, k))));
   }
+  ready.granted();  // next has posted its receives
   std::vector<request> sends;
   // step 0: my own block
   const std::span<T> mine = layout.of(data, r);

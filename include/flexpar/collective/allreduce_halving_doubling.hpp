@@ -70,7 +70,9 @@ void allreduce_halving_doubling(communicator& comm, std::span<T> data, reduce_op
     const range keep = keep_low ? range{lo, mid} : range{mid, hi};
     const range give = keep_low ? range{mid, hi} : range{lo, mid};
     const std::span<T> incoming(landing.get(), keep.hi - keep.lo);
+    clear_to_send ready(c, partner, partner, needs_clear_to_send(c, (hi - lo) / 2 * sizeof(T)));  // both: [lo, hi)
     request in = c.irecv(partner, writable_bytes_of(incoming));
+    ready.granted();
     request out = c.t.isend(partner, c.tag, bytes_of(data.subspan(give.lo, give.hi - give.lo)));
     in.wait(c.until);
     reduce_into(data.subspan(keep.lo, keep.hi - keep.lo), std::span<const T>(incoming), op);
@@ -87,7 +89,9 @@ void allreduce_halving_doubling(communicator& comm, std::span<T> data, reduce_op
     rounds.pop_back();
     const range whole = done.whole;
     const range theirs = done.kept_low ? range{hi, whole.hi} : range{whole.lo, lo};
+    clear_to_send ready(c, partner, partner, needs_clear_to_send(c, (whole.hi - whole.lo) / 2 * sizeof(T)));
     request in = c.irecv(partner, writable_bytes_of(data.subspan(theirs.lo, theirs.hi - theirs.lo)));
+    ready.granted();
     request out = c.t.isend(partner, c.tag, bytes_of(data.subspan(lo, hi - lo)));
     in.wait(c.until);
     out.wait(c.until);

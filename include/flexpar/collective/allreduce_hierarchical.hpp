@@ -2,9 +2,12 @@
 //
 // L ranks per node, N nodes (the communicator's node_topology: detected, or a configured mesh via
 // config::ranks_per_node / run_in_process(..., ranks_per_node), so that it runs on one machine).
-//   step 1: intra-node ring reduce-scatter: local rank l holds block l reduced over its node
+//   step 1: intra-node reduce-scatter: local rank l holds block l reduced over its node
 //   step 2: inter-node allreduce of block l among the N ranks with local rank l (one per node)
-//   step 3: intra-node ring allgather of the L reduced blocks
+//   step 3: intra-node allgather of the L reduced blocks
+// Steps 1 and 3 go through the node's shared-memory segment (exchange_shared_memory.hpp: one copy
+// into the segment and one out, no message) when every rank of the node mapped it, and around the
+// transport's ring otherwise (a configured mesh whose "nodes" share no segment, /dev/shm missing).
 // Only 1/L of the buffer crosses the slow inter-node links, and each inter-node group is N ranks,
 // not N*L: the choice when nodes hold several ranks and links between nodes are the bottleneck.
 #pragma once
@@ -14,6 +17,7 @@
 #include <flexpar/collective/allgather_ring.hpp>
 #include <flexpar/collective/allreduce_halving_doubling.hpp>
 #include <flexpar/collective/allreduce_ring.hpp>
+#include <flexpar/collective/exchange_shared_memory.hpp>
 #include <flexpar/collective/reduce_scatter_ring.hpp>
 
 namespace flexpar {
@@ -50,9 +54,14 @@ void allreduce_hierarchical(communicator& comm, std::span<T> data, reduce_op op)
   communicator& node = *ctx.node;
   communicator& across = *ctx.across;
   const block_layout layout = block_layout::even(data.size(), node.size());
-  call local = begin_call(node);
-  ring_reduce_scatter(local, data, layout, op);  // step 1
+  const bool segment = one_node_segment(node) != nullptr;  // the same answer on every rank of the node
   const std::span<T> mine = layout.of(data, node.rank());
+  if (segment) {  // step 1
+    shared_memory_reduce_scatter(node, std::span<const T>(data), layout, mine, op);
+  } else {
+    call local = begin_call(node);
+    ring_reduce_scatter(local, data, layout, op);
+  }
   const double block_bytes = static_cast<double>(mine.size() * sizeof(T));
   const cost_params m = ctx.machine.value_or(cost_params{});
   if (allreduce_ring_cost(across.size(), block_bytes).seconds(m) <=
@@ -60,7 +69,12 @@ void allreduce_hierarchical(communicator& comm, std::span<T> data, reduce_op op)
     allreduce_ring(across, mine, op);
   else
     allreduce_halving_doubling(across, mine, op);
-  ring_allgather(local, data, layout);  // step 3
+  if (segment) {  // step 3
+    shared_memory_allgather(node, data, layout);
+  } else {
+    call local = begin_call(node);
+    ring_allgather(local, data, layout);
+  }
 }
 
 }  // namespace detail

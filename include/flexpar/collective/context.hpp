@@ -175,6 +175,7 @@ struct call {
   deadline until;
   int rank;
   int size;
+  bool across_nodes = false;  ///< the communicator spans more than one node
 
   /// Starts receiving exactly data.size() bytes from `peer` under the call's tag.
   [[nodiscard]] request irecv(int peer, std::span<std::byte> data) const { return t.irecv_exact(peer, tag, data); }
@@ -184,8 +185,63 @@ struct call {
 
 inline call begin_call(communicator& comm) {
   collective_context& ctx = context_of(comm);
-  return call{*ctx.channel, ctx.next_tag(), comm.default_deadline(), comm.rank(), comm.size()};
+  return call{*ctx.channel, ctx.next_tag(), comm.default_deadline(),
+              comm.rank(),  comm.size(),    comm.topology().node_count() > 1};
 }
+
+/// Messages from this size on go by rendezvous in MPICH and UCX (a request-to-send, then the data).
+inline constexpr std::size_t rendezvous_bytes = std::size_t{64} << 10;
+
+/// Whether a phase whose first message to a peer has `first_bytes` should start with clear_to_send
+/// (every rank of a pair must pass the same figure).
+///
+/// Over TCP (MPICH 4.0 and UCX 1.13, both transports), a rendezvous message whose request-to-send
+/// arrives before its receive is posted moves at about half the link's rate while the other
+/// direction carries data too (scripts/fakehosts, 1 Gbit/s links, 16 MiB each way: 141 ms with the
+/// receive posted first, 284 ms with it posted 5 ms late); a phase's first message races its peer's
+/// entry into the call (ranks leave the previous call at different times). Within one node the
+/// libraries' shared-memory paths have no such cost, so only a communicator spanning nodes pays the
+/// one zero-byte exchange.
+inline bool needs_clear_to_send(const call& c, std::size_t first_bytes) noexcept {
+  return c.across_nodes && first_bytes >= rendezvous_bytes;
+}
+
+/// The first message of a ring phase over `layout`: its largest block's first chunk, the same
+/// figure on every rank (each rank's own first message may be a few elements shorter), so that
+/// every pair agrees on needs_clear_to_send.
+template <class T>
+std::size_t first_message_bytes(const block_layout& layout) noexcept {
+  return std::min(layout.max_count() * sizeof(T), pipeline_chunk_bytes);
+}
+
+/// The receiver-ready hand-shake of a phase: `ready_from`'s note is received into a request posted
+/// first of all (before the phase's data receives, so that, with one peer on both sides, the note
+/// and the data keep their order under the call's one tag); then the caller posts its data
+/// receives and calls clear_to_send::granted(), which tells `notify` that they are posted and waits
+/// for `ready_from`'s note: its receives are posted, so the data sent next arrives expected.
+class clear_to_send {
+ public:
+  /// Posts the receive of `ready_from`'s note (nothing when `active` is false).
+  clear_to_send(const call& c, int notify, int ready_from, bool active) : c_(c), notify_(notify), active_(active) {
+    if (active_) note_ = c.irecv(ready_from, {});
+  }
+  /// Sends my note to `notify`, then waits for the note of `ready_from`.
+  void granted() {
+    if (!active_) return;
+    sent_ = c_.t.isend(notify_, c_.tag, {});
+    note_.wait(c_.until);
+  }
+  clear_to_send(const clear_to_send&) = delete;
+  clear_to_send& operator=(const clear_to_send&) = delete;
+  ~clear_to_send() = default;  // sent_ settles on destruction (a zero-byte send completes at once)
+
+ private:
+  const call& c_;
+  int notify_;
+  bool active_;
+  request note_;
+  request sent_;
+};
 
 }  // namespace detail
 }  // namespace flexpar

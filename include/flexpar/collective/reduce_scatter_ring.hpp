@@ -106,11 +106,14 @@ void ring_reduce_scatter(call& c, std::span<T> data, const block_layout& layout,
       receives[step % 2].push_back(c.irecv(prev, writable_bytes_of(chunks.of(landing_of(step), k))));
   };
 
-  // step 0: push my copy of block r-1 to the next rank
+  // step 0: push my copy of block r-1 to the next rank, once it has posted its receives (when
+  // needs_clear_to_send: the data then never arrives before its receive)
   const std::span<T> first = layout.of(data, send_block(0));
   const chunking first_chunks = pipeline_chunks<T>(first.size());
-  for (std::size_t k = 0; k < first_chunks.count(); ++k) send(first_chunks.of(first, k));
+  clear_to_send ready(c, prev, next, needs_clear_to_send(c, first_message_bytes<T>(layout)));
   post_receives(0);
+  ready.granted();
+  for (std::size_t k = 0; k < first_chunks.count(); ++k) send(first_chunks.of(first, k));
 
   for (int step = 0; step < p - 1; ++step) {
     const bool forward = step + 1 < p - 1;
