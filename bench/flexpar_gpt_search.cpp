@@ -265,7 +265,6 @@ search::stage_cost_fn costs(const profile& p, const gpt::config& c) {
   };
 }
 
-
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -312,7 +312,8 @@ struct simulator::impl {
     double slowest = 0;
     for (int y = 0; y < dst.devices; ++y) {
       const int device = dst.first + y;
-      const sbp::box want = sbp::shard_box(shape, need, dst.mesh, sbp::mesh_coords(static_cast<std::size_t>(y), dst.mesh));
+      const sbp::box want =
+          sbp::shard_box(shape, need, dst.mesh, sbp::mesh_coords(static_cast<std::size_t>(y), dst.mesh));
       std::size_t local = 0;
       const bool holds = device >= src.first && device < src.first + src.devices;
       if (holds) local = overlap(want, own[static_cast<std::size_t>(device - src.first)]);
