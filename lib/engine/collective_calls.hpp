@@ -30,6 +30,32 @@ inline std::string run_allreduce(communicator& comm, dtype type, std::byte* data
   return std::string(name_of(a));
 }
 
+/// One tensor of a fused allreduce, type-erased: `count` elements read at `in`, written at `out`.
+struct byte_piece {
+  const std::byte* in;
+  std::byte* out;
+  std::size_t count;
+};
+
+/// A fused allreduce of `pieces` (`total` elements together) reduced straight from and into them,
+/// when `automatic` picks an algorithm that takes pieces (shared_memory): returns its name. Returns
+/// "" and runs nothing otherwise (every rank asks with the same total, so all decide alike); the
+/// caller packs then.
+inline std::string run_allreduce_pieces(communicator& comm, dtype type, std::span<const byte_piece> pieces,
+                                        std::size_t total, reduce_op op) {
+  const algorithm a = choose_allreduce(comm, total * size_of(type));
+  if (a != algorithm::shared_memory) return {};
+  visit_dtype(type, [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<allreduce_piece<T>> typed_pieces;
+    typed_pieces.reserve(pieces.size());
+    for (const byte_piece& x : pieces)
+      typed_pieces.push_back({reinterpret_cast<const T*>(x.in), reinterpret_cast<T*>(x.out), x.count});
+    allreduce_shared_memory_pieces(comm, std::span<const allreduce_piece<T>>(typed_pieces), op);
+  });
+  return std::string(name_of(a));
+}
+
 inline std::string run_broadcast(communicator& comm, dtype type, std::byte* data, std::size_t count, int root) {
   const algorithm a = choose_broadcast(comm, count * size_of(type));
   visit_dtype(type, [&](auto zero) {

@@ -111,6 +111,7 @@ coordinator::coordinator(int ranks, const response_cache& cache, stall_inspector
 response_list coordinator::coordinate(std::span<const report> reports, clock::time_point now) {
   // Step 2: merge the reports into the table.
   bool all_shutdown = true;
+  const std::vector<std::uint32_t> ready = ready_by_slot(reports, now);
   for (int r = 0; r < ranks_; ++r) {
     merge(r, reports[static_cast<std::size_t>(r)], now);
     all_shutdown = all_shutdown && shutdown_ranks_[static_cast<std::size_t>(r)];
@@ -134,10 +135,40 @@ response_list coordinator::coordinate(std::span<const report> reports, clock::ti
     out.responses.push_back(decide(name, table_.at(name)));
     table_.erase(name);
   }
+  for (const std::uint32_t slot : ready) {
+    response& r = out.responses.emplace_back();
+    r.type = response_type::run_cached;
+    r.slot = slot;
+    ready_everywhere_[slot] = false;
+  }
   for (stall_notice& s : stalled.timeouts)
     out.responses.push_back(error_response(s.name, error_kind::timeout, std::move(s.text)));
   if (all_joined) std::fill(joined_ranks_.begin(), joined_ranks_.end(), false);
   return out;
+}
+
+std::vector<std::uint32_t> coordinator::ready_by_slot(std::span<const report> reports, clock::time_point now) {
+  std::vector<std::uint32_t> ready;
+  // Only while no rank has joined: a joined rank's missing report is its identity contribution,
+  // which decide() handles.
+  if (std::any_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; }) ||
+      std::any_of(reports.begin(), reports.end(), [](const report& r) { return r.joined; }))
+    return ready;
+  slot_reports_.assign(cache_.size(), 0);
+  ready_everywhere_.assign(cache_.size(), false);
+  for (const report& r : reports)
+    for (const std::uint32_t slot : r.slots)
+      if (slot < slot_reports_.size()) ++slot_reports_[slot];
+  for (const std::uint32_t slot : reports[0].slots) {
+    if (slot >= slot_reports_.size() || slot_reports_[slot] != static_cast<std::uint32_t>(ranks_)) continue;
+    const cache_entry& c = cache_.at(slot);
+    if (table_.contains(c.name)) continue;  // some rank reported it in full, or in an earlier cycle
+    ready_everywhere_[slot] = true;
+    ready.push_back(slot);
+    if (marks_)
+      for (int rank = 0; rank < ranks_; ++rank) marks_->mark(c.name, "READY rank " + std::to_string(rank), now);
+  }
+  return ready;
 }
 
 void coordinator::merge(int rank, const report& in, clock::time_point now) {
@@ -148,6 +179,7 @@ void coordinator::merge(int rank, const report& in, clock::time_point now) {
   }
   shutdown_ranks_[r] = in.shutting_down;
   for (const std::uint32_t slot : in.slots) {
+    if (slot < ready_everywhere_.size() && ready_everywhere_[slot]) continue;  // answered by ready_by_slot
     const cache_entry& c = cache_.at(slot);
     description d = c.desc;
     d.count = c.counts[r];

@@ -27,10 +27,15 @@ class coordinator {
   coordinator(int ranks, const response_cache& cache, stall_inspector stalls, log_sink log, timeline* marks);
 
   /// One cycle: `reports[r]` is rank r's report, `now` the time it is handled at. Complete tensors
-  /// come first, in the order they were first seen, then the stalled ones that timed out.
+  /// come first, in the order they were first seen, then the cache slots every rank reported this
+  /// cycle (in rank 0's order; no table row: the steady state costs a count per slot), then the
+  /// stalled ones that timed out.
   response_list coordinate(std::span<const report> reports, clock::time_point now);
 
  private:
+  /// The cache slots every rank reported this cycle, in rank 0's order, for names without a row;
+  /// marks them in ready_everywhere_ so that merge() skips them.
+  std::vector<std::uint32_t> ready_by_slot(std::span<const report> reports, clock::time_point now);
   void merge(int rank, const report& in, clock::time_point now);
   table_row& row(const std::string& name, clock::time_point now);
   response decide(const std::string& name, const table_row& t) const;
@@ -44,6 +49,8 @@ class coordinator {
   std::vector<bool> joined_ranks_, shutdown_ranks_;
   int last_joined_rank_ = -1;
   std::uint64_t next_order_ = 0;
+  std::vector<std::uint32_t> slot_reports_;  // per cache slot: ranks that reported it this cycle
+  std::vector<bool> ready_everywhere_;       // per cache slot: answered by ready_by_slot this cycle
 };
 
 }  // namespace flexpar::detail

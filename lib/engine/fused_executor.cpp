@@ -53,9 +53,7 @@ void fused_executor::execute(std::span<const response> list, clock::time_point r
       fail_one(list[run.front()]);
       continue;
     }
-    std::vector<response> group;
-    for (std::size_t k : run) group.push_back(list[k]);
-    run_group(group, responded);
+    run_group(response_run{list, run}, responded);
   }
 }
 
@@ -74,11 +72,12 @@ void fused_executor::fail_one(const response& r) {
 }
 
 /// Runs one response alone, or several fused allreduces through the fusion buffer.
-void fused_executor::run_group(std::span<const response> group, clock::time_point responded) {
+void fused_executor::run_group(response_run group, clock::time_point responded) {
   const std::size_t me = static_cast<std::size_t>(comm_.rank());
   std::vector<std::shared_ptr<engine_entry>> entries;  // null where this rank has joined
-  for (const response& r : group) {
-    entries.push_back(owner_.take(r.name));
+  entries.reserve(group.size());
+  for (std::size_t k = 0; k < group.size(); ++k) {
+    entries.push_back(owner_.take(group[k].name));
     if (entries.back()) entries.back()->responded = responded;
   }
   if (group.front().desc.memory == memory_kind::cuda) return run_device_group(group, std::move(entries));
@@ -106,6 +105,7 @@ void fused_executor::run_group(std::span<const response> group, clock::time_poin
   }
   const clock::time_point end = clock::now();
   std::vector<std::size_t> counts;
+  counts.reserve(group.size());
   for (std::size_t k = 0; k < group.size(); ++k) {
     counts.push_back(group.size() > 1 ? group[k].counts[me] : result_count);
     if (!entries[k]) continue;
@@ -114,23 +114,35 @@ void fused_executor::run_group(std::span<const response> group, clock::time_poin
     e.copied_in = times.copied_in;
     e.reduced = times.reduced;
     e.copied_out = end;
-    if (trace_) record(e, group.size(), algorithm_name);
+    if (trace_) record(e, group.size(), times.packed, algorithm_name);
   }
   owner_.complete(entries, failure, counts);
   // A collective that failed (not just one handle's output) leaves the ranks out of step: stop.
   if (failure && !local) std::rethrow_exception(failure);
 }
 
-/// Packs the group's inputs (the identity where this rank has joined) into the fusion buffer,
-/// reduces it with one allreduce and unpacks the results.
-std::string fused_executor::run_fused(std::span<const response> group,
-                                      std::span<const std::shared_ptr<engine_entry>> entries, phase_times& times) {
+/// Reduces the group with one allreduce: straight from and into the tensors where the chosen
+/// algorithm takes pieces (shared_memory, every tensor this rank's), otherwise through the fusion
+/// buffer (the inputs, or the identity where this rank has joined, packed; the results unpacked).
+std::string fused_executor::run_fused(response_run group, std::span<const std::shared_ptr<engine_entry>> entries,
+                                      phase_times& times) {
   const std::size_t me = static_cast<std::size_t>(comm_.rank());
   const response& first = group.front();
   const dtype type = first.desc.type;
   const std::size_t element = size_of(type);
   std::size_t total = 0;
-  for (const response& r : group) total += r.counts[me] * element;
+  for (std::size_t k = 0; k < group.size(); ++k) total += group[k].counts[me] * element;
+  if (std::all_of(entries.begin(), entries.end(), [](const auto& e) { return e != nullptr; })) {
+    std::vector<byte_piece> pieces;
+    pieces.reserve(group.size());
+    for (std::size_t k = 0; k < group.size(); ++k)
+      pieces.push_back({entries[k]->in.data(), entries[k]->out.data(), group[k].counts[me]});
+    if (std::string name = run_allreduce_pieces(comm_, type, pieces, total / element, first.desc.op); !name.empty()) {
+      times.copied_in = times.reduced = clock::now();
+      return name;
+    }
+  }
+  times.packed = true;
   if (fusion_.size() < total) fusion_.resize(std::max(total, std::min(fusion_threshold_, std::size_t{64} << 20)));
   std::size_t at = 0;
   for (std::size_t k = 0; k < group.size(); ++k) {
@@ -158,8 +170,7 @@ std::string fused_executor::run_fused(std::span<const response> group,
 /// every tensor's producer; its handles complete in poll_device(). A rank that has joined takes part
 /// with the identity (allreduce) or into scratch (broadcast). An output too small for the result
 /// makes the backend write into scratch and fails only that handle, so that the ranks stay in step.
-void fused_executor::run_device_group(std::span<const response> group,
-                                      std::vector<std::shared_ptr<engine_entry>> entries) {
+void fused_executor::run_device_group(response_run group, std::vector<std::shared_ptr<engine_entry>> entries) {
   const std::size_t me = static_cast<std::size_t>(comm_.rank());
   const response& first = group.front();
   if (!device_)
@@ -243,7 +254,7 @@ void fused_executor::poll_device() {
         e->reduced = before(now, ph.copy_out);
         e->copied_in = before(e->reduced, ph.collective);
         e->exec_begin = std::min(e->exec_begin, before(e->copied_in, ph.copy_in));
-        record(*e, f.entries.size(), "cuda " + f.path);
+        record(*e, f.entries.size(), f.entries.size() > 1 || e->copied_in != e->exec_begin, "cuda " + f.path);
       }
     }
     for (std::size_t k = 0; k < f.entries.size(); ++k) {
@@ -320,11 +331,10 @@ std::byte* fused_executor::scratch(std::size_t bytes) {
   return scratch_.data();
 }
 
-void fused_executor::record(const engine_entry& e, std::size_t fused, const std::string& algorithm_name) {
+void fused_executor::record(const engine_entry& e, std::size_t fused, bool packed, const std::string& algorithm_name) {
   trace_->span(e.name, "NEGOTIATE", e.submitted, e.responded, {{"collective", std::string(name_of(e.desc.kind))}});
   trace_->span(e.name, "QUEUE", e.responded, e.exec_begin);
-  if (fused > 1 || e.copied_in != e.exec_begin)
-    trace_->span(e.name, "MEMCPY_IN_FUSION_BUFFER", e.exec_begin, e.copied_in);
+  if (packed) trace_->span(e.name, "MEMCPY_IN_FUSION_BUFFER", e.exec_begin, e.copied_in);
   std::string upper(name_of(e.desc.kind));
   std::transform(upper.begin(), upper.end(), upper.begin(),
                  [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
@@ -333,8 +343,7 @@ void fused_executor::record(const engine_entry& e, std::size_t fused, const std:
                 {"tensors", std::to_string(fused)},
                 {"dtype", std::string(name_of(e.desc.type))},
                 {"count", std::to_string(e.desc.count)}});
-  if (fused > 1 || e.copied_in != e.exec_begin)
-    trace_->span(e.name, "MEMCPY_OUT_FUSION_BUFFER", e.reduced, e.copied_out);
+  if (packed) trace_->span(e.name, "MEMCPY_OUT_FUSION_BUFFER", e.reduced, e.copied_out);
 }
 
 void fused_executor::abandon(std::exception_ptr error, std::chrono::milliseconds bound) {

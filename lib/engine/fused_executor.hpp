@@ -31,6 +31,15 @@ namespace flexpar::detail {
 /// per kind, whatever else the list interleaves (host and device gradients, two dtypes).
 std::vector<std::vector<std::size_t>> plan_fusion(std::span<const response> list, std::size_t fusion_threshold);
 
+/// One run of a response list (plan_fusion's indices), read in place: no response is copied.
+struct response_run {
+  std::span<const response> list;
+  std::span<const std::size_t> at;
+  [[nodiscard]] const response& operator[](std::size_t k) const { return list[at[k]]; }
+  [[nodiscard]] const response& front() const { return list[at.front()]; }
+  [[nodiscard]] std::size_t size() const noexcept { return at.size(); }
+};
+
 class fused_executor {
  public:
   /// What the executor needs from the engine: this rank's pending tensors, and where they end.
@@ -84,17 +93,17 @@ class fused_executor {
   /// When the phases of a host run began and ended (the timeline's spans).
   struct phase_times {
     clock::time_point copied_in, reduced;
+    bool packed = false;  // through the fusion buffer (copied in and out), not reduced in place
   };
 
   void fail_one(const response& r);
-  void run_group(std::span<const response> group, clock::time_point responded);
-  std::string run_fused(std::span<const response> group, std::span<const std::shared_ptr<engine_entry>> entries,
-                        phase_times& times);
+  void run_group(response_run group, clock::time_point responded);
+  std::string run_fused(response_run group, std::span<const std::shared_ptr<engine_entry>> entries, phase_times& times);
   std::string run_single(const response& r, engine_entry* e, std::size_t& result_count);
-  void run_device_group(std::span<const response> group, std::vector<std::shared_ptr<engine_entry>> entries);
+  void run_device_group(response_run group, std::vector<std::shared_ptr<engine_entry>> entries);
   [[noreturn]] void throw_too_small(const engine_entry& e, std::size_t room, std::size_t needed) const;
   std::byte* scratch(std::size_t bytes);
-  void record(const engine_entry& e, std::size_t fused, const std::string& algorithm_name);
+  void record(const engine_entry& e, std::size_t fused, bool packed, const std::string& algorithm_name);
 
   communicator& comm_;
   std::size_t fusion_threshold_;

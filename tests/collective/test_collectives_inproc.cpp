@@ -394,6 +394,86 @@ TEST_P(inproc_collectives, alltoall_delivers_every_block_to_its_rank) {
   });
 }
 
+// The engine's fusion without a fusion buffer: several tensors reduced through the segment as their
+// concatenation, each read from its input and written to its output. Each rank cuts the
+// concatenation differently (empty pieces too; in place and out of place): exact against the oracle
+// for small integers, and bitwise the contiguous allreduce's result for random floats (one hand-off
+// and several rounds).
+TEST_P(inproc_collectives, allreduce_of_pieces_is_the_allreduce_of_their_concatenation) {
+  const int p = GetParam();
+  // cuts of `total` for rank r: lengths from a rank-dependent pattern, zeros included
+  auto cuts = [](int r, std::size_t total) {
+    std::vector<std::size_t> lengths;
+    const std::size_t pattern[] = {0, 1, 1000, 7, 0, 4099, 262147};
+    for (std::size_t at = 0, k = static_cast<std::size_t>(r); at < total; ++k) {
+      const std::size_t n = std::min(pattern[k % 7], total - at);
+      lengths.push_back(n);
+      at += n;
+    }
+    lengths.push_back(0);
+    return lengths;
+  };
+  for (const std::size_t total : {std::size_t{0}, std::size_t{5}, std::size_t{3000}, (std::size_t{1} << 20) + 3})
+    for (reduce_op op : {reduce_op::sum, reduce_op::max, reduce_op::avg}) {
+      const std::vector<float> want = expected_reduction<float>(op, p, total);
+      run_in_process(
+          p,
+          [&](communicator& comm) {
+            const std::vector<float> input = make_input<float>(op, comm.rank(), total);
+            const std::vector<std::size_t> lengths = cuts(comm.rank(), total);
+            std::vector<std::vector<float>> ins, outs;
+            std::vector<detail::allreduce_piece<float>> pieces;
+            std::size_t at = 0;
+            for (std::size_t k = 0; k < lengths.size(); ++k) {
+              ins.emplace_back(input.begin() + static_cast<std::ptrdiff_t>(at),
+                               input.begin() + static_cast<std::ptrdiff_t>(at + lengths[k]));
+              outs.emplace_back(lengths[k], 99.0f);
+              at += lengths[k];
+            }
+            for (std::size_t k = 0; k < lengths.size(); ++k) {
+              const bool in_place = k % 2 == 0;
+              pieces.push_back({ins[k].data(), in_place ? ins[k].data() : outs[k].data(), lengths[k]});
+            }
+            detail::allreduce_shared_memory_pieces(comm, std::span<const detail::allreduce_piece<float>>(pieces), op);
+            std::vector<float> got;
+            for (std::size_t k = 0; k < lengths.size(); ++k) {
+              const std::vector<float>& result = k % 2 == 0 ? ins[k] : outs[k];
+              got.insert(got.end(), result.begin(), result.end());
+            }
+            EXPECT_TRUE(same_elements(got, want,
+                                      "allreduce of " + std::to_string(lengths.size()) + " pieces, " +
+                                          std::to_string(total) + " elements, " + std::string(name_of(op)) +
+                                          " on rank " + std::to_string(comm.rank()) + " of " + std::to_string(p)));
+          },
+          test_config());
+    }
+  // random floats: bitwise what the contiguous allreduce(shared_memory) gives, on every rank
+  for (const std::size_t total : {std::size_t{3000}, (std::size_t{1} << 19) + 17}) {
+    const std::vector<std::vector<float>> inputs = random_inputs<float>(p, total, 7 + total);
+    std::vector<std::vector<float>> contiguous = inputs, pieced(static_cast<std::size_t>(p));
+    run_in_process(
+        p,
+        [&](communicator& comm) {
+          const auto r = static_cast<std::size_t>(comm.rank());
+          allreduce(comm, std::span(contiguous[r]), reduce_op::sum, algorithm::shared_memory);
+          pieced[r].assign(total, 0.0f);
+          std::vector<detail::allreduce_piece<float>> pieces;
+          std::size_t at = 0;
+          for (std::size_t n : cuts(comm.rank(), total)) {
+            pieces.push_back({inputs[r].data() + at, pieced[r].data() + at, n});
+            at += n;
+          }
+          detail::allreduce_shared_memory_pieces(comm, std::span<const detail::allreduce_piece<float>>(pieces),
+                                                 reduce_op::sum);
+        },
+        test_config());
+    for (int r = 0; r < p; ++r)
+      EXPECT_TRUE(same_elements(pieced[static_cast<std::size_t>(r)], contiguous[static_cast<std::size_t>(r)],
+                                "random floats, pieces vs contiguous, " + std::to_string(total) + " elements, rank " +
+                                    std::to_string(r) + " of " + std::to_string(p)));
+  }
+}
+
 TEST_P(inproc_collectives, barrier_holds_every_rank_until_the_last_arrives) {
   const int p = GetParam();
   std::vector<std::atomic<bool>> arrived(static_cast<std::size_t>(p));

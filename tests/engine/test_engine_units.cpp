@@ -391,6 +391,34 @@ TEST(coordinator, answers_by_cache_slot_only_when_every_rank_reported_the_slot) 
   EXPECT_EQ(mixed.responses[0].counts, (std::vector<std::uint64_t>{7, 7}));
 }
 
+TEST(coordinator, slots_every_rank_reports_in_one_cycle_run_in_rank_0s_order_and_the_others_wait) {
+  coordinator_fixture f(3);
+  for (const char* name : {"a", "b", "c", "d"}) {
+    const response_list first = f.everyone(name, allreduce_of(5));
+    ASSERT_EQ(first.responses.size(), 1u);
+    f.cache.remember(first.responses[0]);  // slots a=0, b=1, c=2, d=3 on every rank
+  }
+  std::vector<report> reports(3);
+  reports[0].slots = {2, 0, 3, 1};
+  reports[1].slots = {0, 1, 2};  // d not yet on rank 1
+  reports[2].slots = {1, 3, 2, 0};
+  const response_list now = f.co.coordinate(reports, f.t0);
+  std::vector<std::uint32_t> order;
+  for (const response& r : now.responses) {
+    EXPECT_EQ(r.type, response_type::run_cached);
+    order.push_back(r.slot);
+  }
+  EXPECT_EQ(order, (std::vector<std::uint32_t>{2, 0, 1})) << "rank 0's order, d left waiting";
+  std::vector<report> later(3);
+  EXPECT_TRUE(f.co.coordinate(later, f.t0).responses.empty()) << "d still waits for rank 1";
+  later[1].slots = {3};
+  const response_list last = f.co.coordinate(later, f.t0);
+  ASSERT_EQ(last.responses.size(), 1u);
+  EXPECT_EQ(last.responses[0].type, response_type::run_cached);
+  EXPECT_EQ(last.responses[0].slot, 3u);
+  EXPECT_TRUE(f.co.coordinate(later = std::vector<report>(3), f.t0).responses.empty()) << "answered once";
+}
+
 TEST(coordinator, a_stalled_tensor_is_logged_then_answered_with_a_timeout_after_the_complete_ones) {
   coordinator_fixture f(3, milliseconds(100), milliseconds(1000));
   f.cycle({{{"late", allreduce_of(2)}}, {}, {{"late", allreduce_of(2)}}});

@@ -263,34 +263,91 @@ void wait_for_peers(const communicator& comm, Counter&& counter_of, std::uint64_
   }
 }
 
-/// The one-hand-off round of a small buffer (see the top of this file).
+/// One tensor of a grouped allreduce: `count` elements read from `in` and the result written to `out`
+/// (the same address for in place; otherwise the two do not overlap).
 template <element T>
+struct allreduce_piece {
+  const T* in;
+  T* out;
+  std::size_t count;
+};
+
+/// An allreduce's buffer as the algorithm sees it: `size()` elements, and for a range of them
+/// for_each(lo, len, f) calls f(in, out, n, offset) once per stretch that lies in one piece of memory
+/// (offset: from lo). contiguous_buffer is one span, reduced in place.
+template <element T>
+struct contiguous_buffer {
+  std::span<T> data;
+  [[nodiscard]] std::size_t size() const noexcept { return data.size(); }
+  template <class F>
+  void for_each(std::size_t lo, std::size_t len, F&& f) const {
+    if (len != 0) f(static_cast<const T*>(data.data() + lo), data.data() + lo, len, std::size_t{0});
+  }
+};
+
+/// Several tensors reduced as their concatenation (fusion without a fusion buffer): ranges of the
+/// concatenation map back to the pieces, so that rounds copy straight from the inputs into the
+/// segment and from the segment into the outputs.
+template <element T>
+class piecewise_buffer {
+ public:
+  explicit piecewise_buffer(std::span<const allreduce_piece<T>> pieces) : pieces_(pieces) {
+    starts_.reserve(pieces.size() + 1);
+    starts_.push_back(0);
+    for (const allreduce_piece<T>& x : pieces) starts_.push_back(starts_.back() + x.count);
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return starts_.back(); }
+  template <class F>
+  void for_each(std::size_t lo, std::size_t len, F&& f) const {
+    if (len == 0) return;
+    // the last piece that starts at or before lo (empty pieces share their successor's start)
+    auto k = static_cast<std::size_t>(std::upper_bound(starts_.begin(), starts_.end(), lo) - starts_.begin()) - 1;
+    for (std::size_t done = 0; done < len; ++k) {
+      const std::size_t at = lo + done - starts_[k];
+      const std::size_t n = std::min(pieces_[k].count - at, len - done);
+      if (n != 0) f(pieces_[k].in + at, pieces_[k].out + at, n, done);
+      done += n;
+    }
+  }
+
+ private:
+  std::span<const allreduce_piece<T>> pieces_;
+  std::vector<std::size_t> starts_;
+};
+
+/// The one-hand-off round of a small buffer (see the top of this file).
+template <element T, class Buffer>
 void one_shot_round(const communicator& comm, collective_context& ctx, const shm_geometry& shm, std::uint64_t g,
-                    const shm_call& call, std::span<T> data, reduce_op op, deadline until) {
+                    const shm_call& call, const Buffer& data, reduce_op op, deadline until) {
   const int p = comm.size(), me = comm.rank();
-  auto slot = [&](int q) {
-    return std::span<const T>(reinterpret_cast<const T*>(shm.round_buffer(q, g)), data.size());
+  auto slot = [&](int q, std::size_t at, std::size_t n) {
+    return std::span<const T>(reinterpret_cast<const T*>(shm.round_buffer(q, g)) + at, n);
   };
   if (g >= shm_depth)
     wait_for_peers(
         comm, [&](int q) { return shm.consumed(q); }, g - shm_depth + 1, "allreduce(shared_memory)", "consuming",
         until);
-  if (!data.empty()) std::memcpy(shm.round_buffer(me, g), data.data(), data.size_bytes());
+  T* mine = reinterpret_cast<T*>(shm.round_buffer(me, g));
+  data.for_each(0, data.size(),
+                [&](const T* in, T*, std::size_t n, std::size_t at) { std::memcpy(mine + at, in, n * sizeof(T)); });
   post_shm_call(shm, me, g, call);
   shm.published(me).publish(g + 1);
   wait_for_peers(
       comm, [&](int q) { return shm.published(q); }, g + 1, "allreduce(shared_memory)", "publishing", until);
   check_shm_call(comm, ctx, shm, g, call, "allreduce(shared_memory)");
-  reduce_into(data, slot(0), slot(1), op);
-  for (int q = 2; q < p; ++q) reduce_into(data, slot(q), op);
+  data.for_each(0, data.size(), [&](const T*, T* out, std::size_t n, std::size_t at) {
+    const std::span<T> result(out, n);
+    reduce_into(result, slot(0, at, n), slot(1, at, n), op);
+    for (int q = 2; q < p; ++q) reduce_into(result, slot(q, at, n), op);
+  });
   shm.reduced(me).publish(g + 1);
   shm.consumed(me).publish(g + 1);
 }
 
-template <element T>
-void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op) {
+/// The rounds of allreduce(shared_memory) over `data` (a contiguous_buffer or a piecewise_buffer).
+template <element T, class Buffer>
+void allreduce_shared_memory_rounds(communicator& comm, const Buffer& data, reduce_op op) {
   const int p = comm.size(), me = comm.rank();
-  if (p == 1) return;
   if (comm.topology().node_count() != 1)
     throw error_on<usage_error>(me, "allreduce(shared_memory)", "the communicator spans ", comm.topology().node_count(),
                                 " nodes; the shared-memory path needs every rank on one node (use hierarchical)");
@@ -302,28 +359,29 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
   collective_context& ctx = context_of(comm);
   const shm_geometry shm{segment->data(), p};
   const deadline until = comm.default_deadline();
+  const std::size_t total = data.size();
   const std::size_t per_round = shm_round_bytes / sizeof(T);
-  const std::size_t rounds = (data.size() + per_round - 1) / per_round;
+  const std::size_t rounds = (total + per_round - 1) / per_round;
 
   const auto describe_call = [&](std::uint64_t n) {
-    return begin_shm_call(ctx, "allreduce(shared_memory)", n, data.size(), static_cast<std::uint8_t>(dtype_of<T>),
+    return begin_shm_call(ctx, "allreduce(shared_memory)", n, total, static_cast<std::uint8_t>(dtype_of<T>),
                           static_cast<std::uint8_t>(op));
   };
-  if (data.size_bytes() <= shm_one_shot_bytes) {  // an empty buffer too: its round says so
-    one_shot_round(comm, ctx, shm, ctx.shm_rounds++, describe_call(1), data, op, until);
+  if (total * sizeof(T) <= shm_one_shot_bytes) {  // an empty buffer too: its round says so
+    one_shot_round<T>(comm, ctx, shm, ctx.shm_rounds++, describe_call(1), data, op, until);
     return;
   }
   const shm_call call = describe_call(rounds);
-  const bool streaming = data.size_bytes() >= shm_streaming_bytes;
+  const bool streaming = total * sizeof(T) >= shm_streaming_bytes;
   for (std::size_t k = 0; k < rounds; ++k) {
     const std::uint64_t g = ctx.shm_rounds + k;
-    const std::span<T> round = data.subspan(k * per_round, std::min(per_round, data.size() - k * per_round));
-    auto part = [&](int q) {  // [lo, hi) of part q within the round
-      const std::size_t lo = round.size() * static_cast<std::size_t>(q) / static_cast<std::size_t>(p);
-      const std::size_t hi = round.size() * static_cast<std::size_t>(q + 1) / static_cast<std::size_t>(p);
+    const std::size_t base = k * per_round, size = std::min(per_round, total - base);
+    auto part = [&](int q) {  // [lo, lo + len) of part q within the round
+      const std::size_t lo = size * static_cast<std::size_t>(q) / static_cast<std::size_t>(p);
+      const std::size_t hi = size * static_cast<std::size_t>(q + 1) / static_cast<std::size_t>(p);
       return std::pair{lo, hi - lo};
     };
-    auto slot = [&](int q) { return std::span<T>(reinterpret_cast<T*>(shm.round_buffer(q, g)), round.size()); };
+    auto slot = [&](int q) { return reinterpret_cast<T*>(shm.round_buffer(q, g)); };
     // step 1: my round buffer is free once every peer consumed round g - depth
     if (g >= shm_depth)
       wait_for_peers(
@@ -333,7 +391,9 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
     for (int q = 0; q < p; ++q) {
       if (q == me) continue;
       const auto [lo, len] = part(q);
-      if (len) std::memcpy(slot(me).data() + lo, round.data() + lo, len * sizeof(T));
+      data.for_each(base + lo, len, [&](const T* in, T*, std::size_t n, std::size_t at) {
+        std::memcpy(slot(me) + lo + at, in, n * sizeof(T));
+      });
     }
     post_shm_call(shm, me, g, call);
     shm.published(me).publish(g + 1);
@@ -342,10 +402,20 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
         comm, [&](int q) { return shm.published(q); }, g + 1, "allreduce(shared_memory)", "publishing", until);
     if (k == 0) check_shm_call(comm, ctx, shm, g, call, "allreduce(shared_memory)");
     const auto [my_lo, my_len] = part(me);
-    const std::span<T> mine = round.subspan(my_lo, my_len);
-    for (int q = 0; q < p; ++q)
-      if (q != me) reduce_into(mine, std::span<const T>(slot(q).subspan(my_lo, my_len)), op);
-    if (my_len) std::memcpy(slot(me).data() + my_lo, mine.data(), my_len * sizeof(T));
+    data.for_each(base + my_lo, my_len, [&](const T* in, T* out, std::size_t n, std::size_t at) {
+      const std::span<T> result(out, n);
+      bool first = true;  // the input, then every peer's part in rank order (as in place)
+      for (int q = 0; q < p; ++q) {
+        if (q == me) continue;
+        const std::span<const T> theirs(slot(q) + my_lo + at, n);
+        if (first)
+          reduce_into_forward(result, std::span<const T>(in, n), theirs, op);
+        else
+          reduce_into(result, theirs, op);
+        first = false;
+      }
+      std::memcpy(slot(me) + my_lo + at, out, n * sizeof(T));
+    });
     shm.reduced(me).publish(g + 1);
     // step 4: gather the parts the others reduced
     wait_for_peers(
@@ -353,16 +423,40 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
     for (int q = 0; q < p; ++q) {
       if (q == me) continue;
       const auto [lo, len] = part(q);
-      auto* to = reinterpret_cast<std::byte*>(round.data() + lo);
-      const auto* from = reinterpret_cast<const std::byte*>(slot(q).data() + lo);
-      if (streaming)
-        copy_streaming(to, from, len * sizeof(T));
-      else if (len)
-        std::memcpy(to, from, len * sizeof(T));
+      data.for_each(base + lo, len, [&](const T*, T* out, std::size_t n, std::size_t at) {
+        auto* to = reinterpret_cast<std::byte*>(out);
+        const auto* from = reinterpret_cast<const std::byte*>(slot(q) + lo + at);
+        if (streaming)
+          copy_streaming(to, from, n * sizeof(T));
+        else
+          std::memcpy(to, from, n * sizeof(T));
+      });
     }
     shm.consumed(me).publish(g + 1);
   }
   ctx.shm_rounds += rounds;
+}
+
+template <element T>
+void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op) {
+  if (comm.size() == 1) return;
+  allreduce_shared_memory_rounds<T>(comm, contiguous_buffer<T>{data}, op);
+}
+
+/// allreduce(shared_memory) of several tensors as one call, each read from its `in` and written to
+/// its `out` with no fusion buffer: the result is the one allreduce of their concatenation gives
+/// (bitwise), avg included, and the call agrees with the other ranks by the concatenation's count.
+/// Every rank passes pieces whose counts add up to the same total; how they are cut may differ.
+template <element T>
+void allreduce_shared_memory_pieces(communicator& comm, std::span<const allreduce_piece<T>> pieces, reduce_op op) {
+  if (comm.size() == 1) {
+    for (const allreduce_piece<T>& x : pieces)
+      if (x.count != 0 && x.in != x.out) std::memcpy(x.out, x.in, x.count * sizeof(T));
+    return;
+  }
+  allreduce_shared_memory_rounds<T>(comm, piecewise_buffer<T>(pieces), op);
+  if (op == reduce_op::avg)
+    for (const allreduce_piece<T>& x : pieces) scale_for_average(std::span<T>(x.out, x.count), comm.size());
 }
 
 }  // namespace detail
