@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -15,6 +17,7 @@
 
 #include <flexpar/collective.hpp>
 #include <flexpar/relax/async_model_average.hpp>
+#include <flexpar/relax/bytegrad.hpp>
 #include <flexpar/relax/low_precision_decentralized.hpp>
 #include <flexpar/relax/onebit_adam.hpp>
 #include <flexpar/relax/registry.hpp>
@@ -280,6 +283,112 @@ inline void momentum_adam_matches_reference(communicator& comm, const std::strin
       reference_momentum_adam(comm.size(), steps, warmup, o.adam,
                               name == "onebit_adam" ? momentum_codec::onebit : momentum_codec::minmax, chunk);
   run_against_reference(comm, name, o, steps, ref, exact, name + " chunk " + std::to_string(chunk));
+}
+
+/// compressed_average_streamed against compressed_average on the same inputs, step after step: the
+/// data (and the 1-bit codec's residuals) bitwise equal, for pieces of one chunk up to more than a
+/// partition, models smaller than the ranks, uneven partitions; the bytes sent are the exact encoded
+/// sizes (no padding to the widest partition).
+template <class Codec>
+void streamed_average_is_the_average_bitwise(communicator& comm, Codec make_codec, const std::string& what) {
+  const int p = comm.size(), me = comm.rank();
+  for (const std::size_t n : {static_cast<std::size_t>(p > 1 ? p - 1 : 1), std::size_t{1008}, std::size_t{5003}})
+    for (const std::size_t piece : {std::size_t{1}, std::size_t{100}, std::size_t{700}, std::size_t{4096}}) {
+      const block_layout parts = block_layout::even(n, p);
+      Codec plain = make_codec, streamed = make_codec;
+      if constexpr (requires { plain.prepare(parts, me); }) {
+        plain.prepare(parts, me);
+        streamed.prepare(parts, me);
+      }
+      relax::detail::compressed_scratch s1, s2;
+      const std::string where = what + ", " + std::to_string(n) + " elements, pieces of " + std::to_string(piece) +
+                                ", rank " + std::to_string(me) + " of " + std::to_string(p);
+      for (int step = 0; step < 3; ++step) {
+        flat x(n);
+        for (std::size_t i = 0; i < n; ++i)
+          x[i] = std::ldexp(static_cast<float>(static_cast<int>((i * 37 + static_cast<std::size_t>(me) * 11 +
+                                                                 static_cast<std::size_t>(step) * 5) %
+                                                                23) -
+                                               11),
+                            static_cast<int>(i % 5) - 2);
+        flat y = x;
+        relax::detail::compressed_average(comm, std::span<float>(x), plain, s1);
+        const std::uint64_t sent =
+            relax::detail::compressed_average_streamed(comm, std::span<float>(y), streamed, s2, piece);
+        ASSERT_EQ(std::memcmp(x.data(), y.data(), n * sizeof(float)), 0) << where << ", step " << step;
+        const std::size_t rounded =
+            std::max<std::size_t>(1, (piece + plain.chunk() - 1) / plain.chunk()) * plain.chunk();
+        const std::size_t pieces = (parts.count(0) + rounded - 1) / rounded;
+        if (p > 1 && pieces > 1) {  // the streamed path (not its fallback): exact encoded sizes
+          std::uint64_t want = 0;
+          for (int j = 0; j < p; ++j)
+            if (j != me) want += plain.encoded_size(parts.count(j)) + plain.encoded_size(parts.count(me));
+          EXPECT_EQ(sent, want) << where;
+        }
+      }
+      if constexpr (requires { plain.server_residual(); }) {
+        const auto a = plain.server_residual(), b = streamed.server_residual();
+        EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end())) << where << ": server residuals differ";
+        for (std::size_t j = 0; j < static_cast<std::size_t>(p); ++j) {
+          const auto u = plain.worker_residual(j), v = streamed.worker_residual(j);
+          EXPECT_TRUE(std::equal(u.begin(), u.end(), v.begin(), v.end())) << where << ": worker residuals differ";
+        }
+      }
+    }
+}
+
+/// host_adam_model's fused compression step (momentum update, streamed average, weight update in
+/// one pass) against the three steps one after another: bitwise the same weights and momentum,
+/// three steps in a row, weight decay on, pieces small enough to stream.
+template <class Codec>
+void fused_momentum_step_is_the_three_steps(communicator& comm, const Codec& codec, const std::string& what) {
+  const std::size_t n = 5003;
+  relax::adam_options o;
+  o.learning_rate = 0.01f;
+  o.epsilon = 0.5f;
+  o.weight_decay = 0.01f;
+  for (const std::size_t piece : {std::size_t{16}, std::size_t{700}}) {
+    relax::detail::host_adam_model<Codec> three(comm, codec), fused(comm, codec);
+    flat w3(n), g3(n), wf(n), gf(n);
+    for (std::size_t i = 0; i < n; ++i) w3[i] = wf[i] = static_cast<float>(static_cast<int>(i % 13) - 6) * 0.25f;
+    const std::vector<relax::parameter> p3{{"w", w3, g3}}, pf{{"w", wf, gf}};
+    three.start("test", p3, false);
+    fused.start("test", pf, false);
+    three.reset();
+    fused.reset();
+    for (int step = 1; step <= 3; ++step) {
+      for (std::size_t i = 0; i < n; ++i)
+        g3[i] = gf[i] = static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(comm.rank()) * 3 +
+                                                             static_cast<std::size_t>(step)) %
+                                                            11) -
+                                           5) *
+                        0.125f;
+      const float c1 = 1.0f - std::pow(o.beta1, static_cast<float>(step));
+      three.load(p3);
+      three.momentum_update(o.beta1, o.weight_decay);
+      three.average_momentum();
+      three.frozen_update(o, c1);
+      three.store(p3);
+      fused.load(pf);
+      fused.fused_momentum_step(o, c1, piece);
+      fused.store(pf);
+      const std::string where = what + ", pieces of " + std::to_string(piece) + ", step " + std::to_string(step) +
+                                ", rank " + std::to_string(comm.rank());
+      ASSERT_EQ(std::memcmp(w3.data(), wf.data(), n * sizeof(float)), 0) << where << ": weights differ";
+      ASSERT_TRUE(std::equal(three.momentum().begin(), three.momentum().end(), fused.momentum().begin(),
+                             fused.momentum().end()))
+          << where << ": momentum differs";
+    }
+  }
+}
+
+inline void streamed_averages_are_the_averages_bitwise(communicator& comm) {
+  streamed_average_is_the_average_bitwise(comm, relax::detail::minmax_codec{{5}}, "minmax chunk 5");
+  streamed_average_is_the_average_bitwise(comm, relax::detail::minmax_codec{{512}}, "minmax chunk 512");
+  streamed_average_is_the_average_bitwise(comm, relax::detail::onebit_codec(16), "onebit chunk 16");
+  streamed_average_is_the_average_bitwise(comm, relax::detail::onebit_codec(64), "onebit chunk 64");
+  fused_momentum_step_is_the_three_steps(comm, relax::detail::onebit_codec(16), "onebit_adam");
+  fused_momentum_step_is_the_three_steps(comm, relax::detail::minmax_codec{{5}}, "qadam");
 }
 
 /// Error feedback of the 1-bit compressed average: over T steps, the sum of what came out equals the

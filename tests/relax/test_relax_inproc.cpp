@@ -99,6 +99,12 @@ TEST_P(relax_inproc, onebit_error_feedback) {
       test_config());
 }
 
+TEST_P(relax_inproc, streamed_compressed_average_is_bitwise_the_compressed_average) {
+  run_in_process(
+      GetParam(), [](communicator& comm) { testing_support::streamed_averages_are_the_averages_bitwise(comm); },
+      test_config());
+}
+
 TEST_P(relax_inproc, async_model_average_abort_resume_finish) {
   run_in_process(
       GetParam(), [](communicator& comm) { testing_support::async_abort_resume_finish(comm); }, test_config());

@@ -52,6 +52,8 @@ TEST_F(relax_mpi, onebit_adam_and_qadam) {
   testing_support::onebit_error_feedback_tracks_the_true_sum(comm, 16);
 }
 
+TEST_F(relax_mpi, streamed_compressed_average) { testing_support::streamed_averages_are_the_averages_bitwise(comm); }
+
 TEST_F(relax_mpi, async_model_average) { testing_support::async_abort_resume_finish(comm); }
 
 TEST_F(relax_mpi, traffic) { testing_support::traffic_follows_the_formulas(comm); }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include <flexpar/collective/reduce_kernel.hpp>  // cpu_has_avx2
 #include <flexpar/core/error.hpp>
 
 namespace flexpar::compress {
@@ -51,6 +53,18 @@ class onebit {
     if (x.size() != residual_.size())
       throw usage_error("onebit::encode: " + std::to_string(x.size()) + " values for a compressor of " +
                         std::to_string(residual_.size()));
+    encode_at(0, x, out);
+  }
+
+  /// Encodes elements [at, at + x.size()) of the tensor (x + their residual) into `out`: the bytes
+  /// encode() of the whole tensor writes from offset encoded_size(at) on, so a tensor may be encoded
+  /// piece by piece. @throws usage_error unless `at` is a multiple of chunk() and the piece lies in
+  /// the tensor.
+  void encode_at(std::size_t at, std::span<const float> x, std::span<std::byte> out) {
+    if (at % chunk_ != 0 || at > residual_.size() || x.size() > residual_.size() - at)
+      throw usage_error("onebit::encode: elements [" + std::to_string(at) + ", " + std::to_string(at + x.size()) +
+                        ") of a compressor of " + std::to_string(residual_.size()) + " in chunks of " +
+                        std::to_string(chunk_) + " (a piece starts at a chunk and lies in the tensor)");
     if (out.size() < encoded_size(x.size()))
       throw usage_error("onebit::encode: buffer of " + std::to_string(out.size()) + " bytes, needs " +
                         std::to_string(encoded_size(x.size())));
@@ -68,7 +82,7 @@ class onebit {
     std::byte* o = out.data();
     for (std::size_t begin = 0; begin < x.size(); begin += chunk_) {
       const std::size_t n = std::min(chunk_, x.size() - begin);
-      float* r = residual_.data() + begin;
+      float* r = residual_.data() + at + begin;
       const float* xs = x.data() + begin;
       float total8[lanes] = {};  // sum of |v| in 8 lanes (a chunk is small: float keeps ~7 digits)
       std::size_t i = 0;
@@ -86,17 +100,7 @@ class onebit {
       const float scale = static_cast<float>(total / static_cast<double>(n));
       std::memcpy(o, &scale, sizeof scale);
       auto* bits = reinterpret_cast<std::uint8_t*>(o + sizeof scale);
-      for (std::size_t b = 0; b < (n + 7) / 8; ++b) {  // byte by byte: bit j of byte b is element 8b + j
-        std::uint8_t byte = 0;
-        const std::size_t m = std::min<std::size_t>(8, n - 8 * b);
-        for (std::size_t j = 0; j < m; ++j) {
-          float& v = r[8 * b + j];
-          const bool negative = v < 0;
-          byte = static_cast<std::uint8_t>(byte | (static_cast<unsigned>(negative) << j));
-          v -= negative ? -scale : scale;  // what was not sent stays for the next step
-        }
-        bits[b] = byte;
-      }
+      send_signs(r, n, scale, bits);
       o += sizeof scale + (n + 7) / 8;
     }
   }
@@ -112,7 +116,14 @@ class onebit {
       float scale;
       std::memcpy(&scale, p, sizeof scale);
       const auto* bits = reinterpret_cast<const std::uint8_t*>(p + sizeof scale);
-      for (std::size_t i = 0; i < n; ++i) out[begin + i] = (bits[i / 8] >> (i % 8)) & 1u ? -scale : scale;
+      // -scale is scale with its sign bit set (scale >= 0): a set bit flips the sign, 8 at a time
+      const auto magnitude = std::bit_cast<std::uint32_t>(scale);
+      float* y = out.data() + begin;
+      const std::size_t full = n / 8;
+      for (std::size_t b = 0; b < full; ++b)
+        for (std::size_t j = 0; j < 8; ++j)
+          y[8 * b + j] = std::bit_cast<float>(magnitude ^ (((static_cast<std::uint32_t>(bits[b]) >> j) & 1u) << 31));
+      for (std::size_t i = 8 * full; i < n; ++i) y[i] = (bits[i / 8] >> (i % 8)) & 1u ? -scale : scale;
       p += sizeof scale + (n + 7) / 8;
     }
   }
@@ -123,6 +134,41 @@ class onebit {
   void reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }
 
  private:
+  /// Bit j of bits[b] = (v[8b + j] < 0), and v -= (v < 0 ? -scale : scale): what was not sent stays
+  /// for the next step. x - (-s) is x + s exactly, so both paths give the same bits.
+  static void send_signs(float* v, std::size_t n, float scale, std::uint8_t* bits) noexcept {
+    std::size_t done = 0;
+#if defined(__x86_64__)
+    if (flexpar::detail::cpu_has_avx2()) done = send_signs_avx2(v, n / 8, scale, bits);
+#endif
+    for (std::size_t b = done / 8; b < (n + 7) / 8; ++b) {
+      unsigned byte = 0;
+      const std::size_t m = std::min<std::size_t>(8, n - 8 * b);
+      for (std::size_t j = 0; j < m; ++j) {
+        float& x = v[8 * b + j];
+        const bool negative = x < 0;
+        byte |= static_cast<unsigned>(negative) << j;
+        x = negative ? x + scale : x - scale;
+      }
+      bits[b] = static_cast<std::uint8_t>(byte);
+    }
+  }
+#if defined(__x86_64__)
+  /// send_signs of the first 8 * bytes elements, 8 per instruction (compare, movemask, blend); returns
+  /// the elements done.
+  __attribute__((target("avx2"))) static std::size_t send_signs_avx2(float* v, std::size_t bytes, float scale,
+                                                                     std::uint8_t* bits) noexcept {
+    const __m256 zero = _mm256_setzero_ps(), s = _mm256_set1_ps(scale);
+    for (std::size_t b = 0; b < bytes; ++b) {
+      const __m256 x = _mm256_loadu_ps(v + 8 * b);
+      const __m256 negative = _mm256_cmp_ps(x, zero, _CMP_LT_OQ);
+      bits[b] = static_cast<std::uint8_t>(_mm256_movemask_ps(negative));
+      _mm256_storeu_ps(v + 8 * b, _mm256_blendv_ps(_mm256_sub_ps(x, s), _mm256_add_ps(x, s), negative));
+    }
+    return 8 * bytes;
+  }
+#endif
+
   [[noreturn]] static void throw_non_finite(std::span<const float> x) {
     std::size_t i = 0;
     while (std::isfinite(x[i])) ++i;

@@ -34,8 +34,11 @@ struct minmax_codec {
   compress::minmax_uint8 q;
   void prepare(const block_layout&, int) const noexcept {}
   [[nodiscard]] std::size_t encoded_size(std::size_t n) const noexcept { return q.encoded_size(n); }
+  [[nodiscard]] std::size_t chunk() const noexcept { return q.chunk; }
   void encode(int, std::span<const float> in, std::span<std::byte> out) const { q.encode(in, out); }
+  void encode(int, std::size_t, std::span<const float> in, std::span<std::byte> out) const { q.encode(in, out); }
   void encode_reduced(std::span<const float> in, std::span<std::byte> out) const { q.encode(in, out); }
+  void encode_reduced(std::size_t, std::span<const float> in, std::span<std::byte> out) const { q.encode(in, out); }
   void decode(std::span<const std::byte> in, std::span<float> out) const { q.decode(in, out); }
 };
 }  // namespace detail
@@ -66,7 +69,7 @@ class bytegrad final : public relaxation {
   void step(std::span<const parameter> params, optimizer& opt) override {
     model_.check(comm_.rank(), "step", params);
     model_.gather_gradients(params, flat_);
-    traffic_.bytes_sent += detail::compressed_average(comm_, std::span<float>(flat_), codec_, scratch_);
+    traffic_.bytes_sent += detail::compressed_average_streamed(comm_, std::span<float>(flat_), codec_, scratch_);
     model_.scatter_gradients(flat_, params);
     for (std::size_t i = 0; i < params.size(); ++i) opt.apply(i, params[i].weight, params[i].gradient);
     ++traffic_.steps;

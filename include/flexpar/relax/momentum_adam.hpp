@@ -14,6 +14,9 @@
 //     step 2: m = compressed_average(m) (compressed_average.hpp; the codec below)
 //                                                                          2 (p - 1) / p * E(M) sent
 //     step 3: x -= lr * (m / (1 - b1^t)) / (sqrt(vf) + eps)                local
+// On the host, steps 1-3 of the compression stage run as one pass: the average is streamed in pieces
+// (compressed_average_streamed) and each piece of m is updated right before it is encoded, each
+// piece of x right after its average is decoded, overlapping the transfers of the other pieces.
 // Because step 2 leaves m identical on every rank and the frozen variance is identical too, the
 // weights stay identical on every rank in both stages; finish() has nothing to do. With T = 0 the
 // variance is frozen at zero (vf = 0): the update is then m / eps — give a warm-up.
@@ -78,6 +81,8 @@ class momentum_adam_rule {
       const auto c2 = static_cast<float>(1.0 - std::pow(static_cast<double>(adam_.beta2), static_cast<double>(t_)));
       m.warmup_update(adam_, c1, c2);
       if (t_ == static_cast<std::uint64_t>(warmup_)) m.freeze(c2);  // frozen, bias-corrected
+    } else if constexpr (requires { m.fused_momentum_step(adam_, c1); }) {
+      traffic_.bytes_sent += m.fused_momentum_step(adam_, c1);  // steps 1-3 in one pass
     } else {
       m.momentum_update(adam_.beta1, adam_.weight_decay);
       traffic_.bytes_sent += m.average_momentum();
@@ -144,17 +149,19 @@ class host_adam_model {
   void freeze(float c2) {
     for (float& v : v_) v = v / c2;
   }
-  void momentum_update(float b1, float wd) {
-    for (std::size_t i = 0; i < g_.size(); ++i) {
-      float g = g_[i];
-      if (wd != 0.0f) g += wd * x_[i];
-      m_[i] = b1 * m_[i] + (1.0f - b1) * g;
-    }
+  void momentum_update(float b1, float wd) { momentum_update(b1, wd, 0, g_.size()); }
+  std::uint64_t average_momentum() {
+    return compressed_average_streamed(comm_, std::span<float>(m_), codec_, scratch_);
   }
-  std::uint64_t average_momentum() { return compressed_average(comm_, std::span<float>(m_), codec_, scratch_); }
-  void frozen_update(const adam_options& a, float c1) {
-    for (std::size_t i = 0; i < g_.size(); ++i)
-      x_[i] -= a.learning_rate * (m_[i] / c1) / (std::sqrt(v_[i]) + a.epsilon);
+  void frozen_update(const adam_options& a, float c1) { frozen_update(a, c1, 0, g_.size()); }
+  /// Compression steps 1-3 fused into the streamed average: each piece of the momentum is updated
+  /// right before it is encoded, and its weights right after its average is decoded (the same
+  /// operations on each element, in the same order, as the three steps one after another).
+  std::uint64_t fused_momentum_step(const adam_options& a, float c1, std::size_t piece = stream_piece_elements) {
+    return compressed_average_streamed(
+        comm_, std::span<float>(m_), codec_, scratch_, piece,
+        [&](std::size_t first, std::size_t count) { momentum_update(a.beta1, a.weight_decay, first, count); },
+        [&](std::size_t first, std::size_t count) { frozen_update(a, c1, first, count); });
   }
 
   [[nodiscard]] std::span<const float> momentum() const noexcept { return m_; }
@@ -162,6 +169,18 @@ class host_adam_model {
   [[nodiscard]] const Codec& codec() const noexcept { return codec_; }
 
  private:
+  void momentum_update(float b1, float wd, std::size_t first, std::size_t count) {
+    for (std::size_t i = first; i < first + count; ++i) {
+      float g = g_[i];
+      if (wd != 0.0f) g += wd * x_[i];
+      m_[i] = b1 * m_[i] + (1.0f - b1) * g;
+    }
+  }
+  void frozen_update(const adam_options& a, float c1, std::size_t first, std::size_t count) {
+    for (std::size_t i = first; i < first + count; ++i)
+      x_[i] -= a.learning_rate * (m_[i] / c1) / (std::sqrt(v_[i]) + a.epsilon);
+  }
+
   communicator& comm_;
   Codec codec_;
   flat_model model_;

@@ -44,6 +44,14 @@ class onebit_codec {
     workers_.at(static_cast<std::size_t>(partition)).encode(in, out);
   }
   void encode_reduced(std::span<const float> in, std::span<std::byte> out) { server_.at(0).encode(in, out); }
+  /// Pieces (compressed_average_streamed): elements [at, at + in.size()) of a partition.
+  [[nodiscard]] std::size_t chunk() const noexcept { return chunk_; }
+  void encode(int partition, std::size_t at, std::span<const float> in, std::span<std::byte> out) {
+    workers_.at(static_cast<std::size_t>(partition)).encode_at(at, in, out);
+  }
+  void encode_reduced(std::size_t at, std::span<const float> in, std::span<std::byte> out) {
+    server_.at(0).encode_at(at, in, out);
+  }
   void decode(std::span<const std::byte> in, std::span<float> out) const { sizer_.decode(in, out); }
 
   /// Worker-side residual of partition j (what my encodings of partition j have not yet sent).
