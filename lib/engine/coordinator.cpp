@@ -139,7 +139,6 @@ response_list coordinator::coordinate(std::span<const report> reports, clock::ti
     response& r = out.responses.emplace_back();
     r.type = response_type::run_cached;
     r.slot = slot;
-    ready_everywhere_[slot] = false;
   }
   for (stall_notice& s : stalled.timeouts)
     out.responses.push_back(error_response(s.name, error_kind::timeout, std::move(s.text)));
@@ -149,13 +148,13 @@ response_list coordinator::coordinate(std::span<const report> reports, clock::ti
 
 std::vector<std::uint32_t> coordinator::ready_by_slot(std::span<const report> reports, clock::time_point now) {
   std::vector<std::uint32_t> ready;
+  ready_everywhere_.assign(cache_.size(), false);
   // Only while no rank has joined: a joined rank's missing report is its identity contribution,
   // which decide() handles.
   if (std::any_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; }) ||
       std::any_of(reports.begin(), reports.end(), [](const report& r) { return r.joined; }))
     return ready;
   slot_reports_.assign(cache_.size(), 0);
-  ready_everywhere_.assign(cache_.size(), false);
   for (const report& r : reports)
     for (const std::uint32_t slot : r.slots)
       if (slot < slot_reports_.size()) ++slot_reports_[slot];
