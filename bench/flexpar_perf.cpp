@@ -5,11 +5,14 @@
 //
 // For each collective and size (bytes of the whole buffer, as nccl-tests counts them) it prints one
 // row per flexpar algorithm and one `mpi` row: the median over iterations of the slowest rank's
-// time, algbw = size / time, busbw = algbw * the nccl-tests factor (allreduce 2(p-1)/p;
+// time (the rows of one size are interleaved: each iteration runs every row once, in turn, starting
+// one row further each time), algbw = size / time, busbw = algbw * the nccl-tests factor (allreduce 2(p-1)/p;
 // reduce_scatter, allgather, alltoall (p-1)/p; broadcast, reduce 1), #wrong (elements that differ
 // from the exact answer after one more call, untimed, summed over the ranks; the exit status is 1
 // when any row's is not 0) and vs_mpi = time(mpi) / time (busbw / busbw(mpi)
-// where busbw is defined; on one rank it is 0 for the gathers). A second table gives
+// where busbw is defined; on one rank it is 0 for the gathers). The `auto:<pick>` row's vs_best is
+// its time over the fastest explicit algorithm's of the same size, and the last line counts the sizes
+// where automatic picked that algorithm and where it came within 5% of its time. A second table gives
 // the references of the same run: the single-thread `a[i] += b[i]` and memcpy bandwidth of rank 0,
 // and the point-to-point bandwidth between ranks 0 and 1 (flexpar transport, streamed isends).
 // All collectives run in place.
@@ -26,6 +29,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -86,7 +90,7 @@ std::vector<algorithm> algorithms_for(collective c, const std::vector<algorithm>
       if (comm.topology().node_count() > 1) std::erase(offered, algorithm::shared_memory);
       break;
     case collective::broadcast:
-    case collective::reduce: offered = {algorithm::chain, algorithm::binomial_tree}; break;
+    case collective::reduce: offered = {algorithm::automatic, algorithm::chain, algorithm::binomial_tree}; break;
     case collective::alltoall:
       offered = {algorithm::automatic, algorithm::pairwise, algorithm::shared_memory};
       if (comm.topology().node_count() > 1) std::erase(offered, algorithm::shared_memory);
@@ -219,20 +223,51 @@ void run_mpi(const run_setup& s) {
 using seconds = double;
 double now() { return MPI_Wtime(); }
 
-/// Median over iterations of the slowest rank's time of `op`.
+/// Medians over iterations of the slowest rank's time of each of `ops`, interleaved: iteration i
+/// runs every op once, in turn, starting with op i mod n, so that a slow phase of the machine and
+/// the op that ran just before weigh on all of them alike.
+std::vector<seconds> time_medians(MPI_Comm comm, int warmup, int iterations,
+                                  const std::vector<std::function<void()>>& ops) {
+  for (const auto& op : ops)
+    for (int i = 0; i < warmup; ++i) op();
+  const std::size_t n = ops.size(), iters = static_cast<std::size_t>(iterations);
+  std::vector<double> times(n * iters);  // op-major
+  for (std::size_t i = 0; i < iters; ++i)
+    for (std::size_t turn = 0; turn < n; ++turn) {
+      const std::size_t k = (i + turn) % n;
+      FLEXPAR_CHECK_MPI(MPI_Barrier(comm));
+      const double start = now();
+      ops[k]();
+      times[k * iters + i] = now() - start;
+    }
+  FLEXPAR_CHECK_MPI(
+      MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, comm));
+  std::vector<seconds> medians;
+  for (std::size_t k = 0; k < n; ++k) {
+    const auto first = times.begin() + static_cast<std::ptrdiff_t>(k * iters);
+    std::nth_element(first, first + iterations / 2, first + iterations);
+    medians.push_back(*(first + iterations / 2));
+  }
+  return medians;
+}
+
+/// Median over iterations of the slowest rank's time of `op` alone.
 template <class Op>
 seconds time_median(MPI_Comm comm, int warmup, int iterations, Op&& op) {
-  for (int i = 0; i < warmup; ++i) op();
-  std::vector<double> times(static_cast<std::size_t>(iterations));
-  for (auto& t : times) {
-    FLEXPAR_CHECK_MPI(MPI_Barrier(comm));
-    const double start = now();
-    op();
-    t = now() - start;
+  return time_medians(comm, warmup, iterations, {std::function<void()>(std::forward<Op>(op))}).front();
+}
+
+/// The algorithm `automatic` picks for `c` on `bytes`.
+algorithm automatic_choice(communicator& comm, collective c, std::size_t bytes) {
+  switch (c) {
+    case collective::allreduce: return flexpar::choose_allreduce(comm, bytes);
+    case collective::reduce_scatter: return flexpar::choose_reduce_scatter(comm, bytes);
+    case collective::allgather: return flexpar::choose_allgather(comm, bytes);
+    case collective::broadcast: return flexpar::choose_broadcast(comm, bytes);
+    case collective::reduce: return flexpar::choose_reduce(comm, bytes);
+    case collective::alltoall: return flexpar::choose_alltoall(comm, bytes, true);  // the rows run in place
   }
-  FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, times.data(), iterations, MPI_DOUBLE, MPI_MAX, comm));
-  std::nth_element(times.begin(), times.begin() + iterations / 2, times.end());
-  return times[static_cast<std::size_t>(iterations / 2)];
+  return algorithm::automatic;
 }
 
 using flexpar::bench::parse_size;
@@ -513,12 +548,22 @@ int main(int argc, char** argv) {
             "slowest rank), %d warm-up\n",
             p, comm.topology().node_count(), std::string(flexpar::name_of(comm.transport().kind())).c_str(), iterations,
             warmup);
-        std::printf("# machine for `automatic`: alpha %.2f us, beta %.2f GB/s, gamma %.2f GB/s, copy %.2f GB/s\n#\n",
-                    machine.alpha * 1e6, 1e-9 / machine.beta, 1e-9 / machine.gamma, 1e-9 / machine.copy_beta);
-        std::printf("%12s %12s %5s %5s %-15s %-17s %11s %11s %11s %7s %8s\n", "size(B)", "count", "type", "redop",
-                    "collective", "algorithm", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "vs_mpi");
+        std::printf(
+            "# machine for `automatic` (fitted from timed calls, collective/automatic.hpp): alpha %.2f us, beta %.2f "
+            "GB/s, gamma %.2f GB/s, shm_alpha %.2f us, copy %.2f GB/s\n#\n",
+            machine.alpha * 1e6, 1e-9 / machine.beta, 1e-9 / machine.gamma, machine.shm_alpha * 1e6,
+            1e-9 / machine.copy_beta);
+        std::printf("%12s %12s %5s %5s %-15s %-21s %11s %11s %11s %7s %8s %8s\n", "size(B)", "count", "type", "redop",
+                    "collective", "algorithm", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "vs_mpi", "vs_best");
       }
       std::vector<float> buffer(max_bytes / sizeof(float) + static_cast<std::size_t>(p)), scratch(buffer.size());
+      struct verdict {  // automatic against the fastest explicit algorithm, one per row that has both
+        std::string op;
+        std::size_t bytes;
+        std::string chose, fastest;
+        double ratio;
+      };
+      std::vector<verdict> verdicts;
       for (collective c : ops) {
         for (std::size_t bytes = min_bytes; bytes <= max_bytes; bytes *= static_cast<std::size_t>(factor)) {
           // whole blocks of p elements, as nccl-tests rounds
@@ -528,46 +573,78 @@ int main(int argc, char** argv) {
           run_setup s{comm, c, count, buffer, scratch};
           struct row {
             std::string algorithm;
-            double time;
-            long long wrong;
+            std::function<void()> op;
+            double time = 0;
+            long long wrong = 0;
           };
           std::vector<row> rows;
-          auto measure = [&](const std::string& label, auto&& op) {
-            fill(s);
-            const double t = time_median(comm.mpi_comm(), warmup, iterations, op);
-            long long wrong = 0;
-            if (check) {
-              fill(s);
-              op();
-              wrong = count_wrong(s);
-              FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()));
-            }
-            rows.push_back({label, t, wrong});
-            total_wrong += wrong;
-          };
+          std::string chose;  // automatic's pick, "" when automatic is not measured
           for (algorithm a : algorithms_for(c, asked, comm)) {
             std::string label(flexpar::name_of(a));
-            if (a == algorithm::automatic && c == collective::allreduce)
-              label = "auto:" + std::string(flexpar::name_of(flexpar::choose_allreduce(comm, count * sizeof(float))));
-            if (a == algorithm::automatic && c == collective::allgather)
-              label = "auto:" + std::string(flexpar::name_of(flexpar::choose_allgather(comm, count * sizeof(float))));
-            if (a == algorithm::automatic && c == collective::alltoall)
-              label = "auto:" + std::string(flexpar::name_of(flexpar::choose_alltoall(comm, count * sizeof(float))));
-            measure(label, [&] { run_flexpar(s, a); });
+            if (a == algorithm::automatic) {
+              chose = flexpar::name_of(automatic_choice(comm, c, count * sizeof(float)));
+              label = "auto:" + chose;
+            }
+            rows.push_back({label, [&s, a] { run_flexpar(s, a); }});
           }
-          measure("mpi", [&] { run_mpi(s); });
+          rows.push_back({"mpi", [&s] { run_mpi(s); }});
+          fill(s);
+          std::vector<std::function<void()>> ops;
+          for (const row& r : rows) ops.push_back(r.op);
+          const std::vector<seconds> medians = time_medians(comm.mpi_comm(), warmup, iterations, ops);
+          for (std::size_t k = 0; k < rows.size(); ++k) {
+            rows[k].time = medians[k];
+            if (check) {
+              fill(s);
+              rows[k].op();
+              long long wrong = count_wrong(s);
+              FLEXPAR_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG_LONG, MPI_SUM, comm.mpi_comm()));
+              rows[k].wrong = wrong;
+              total_wrong += wrong;
+            }
+          }
+          // automatic against the fastest algorithm of the row (the explicit ones, not mpi)
+          double best = 0, automatic_time = 0;
+          std::string fastest;
+          for (const row& r : rows) {
+            if (r.algorithm == "mpi") continue;
+            if (r.algorithm.starts_with("auto:")) {
+              automatic_time = r.time;
+            } else if (fastest.empty() || r.time < best) {
+              best = r.time;
+              fastest = r.algorithm;
+            }
+          }
+          const bool compared = !chose.empty() && !fastest.empty();
+          if (compared) verdicts.push_back({name_of(c), count * sizeof(float), chose, fastest, automatic_time / best});
           if (me == 0) {
             const double mpi_time = rows.back().time;
             for (const row& r : rows) {
               const double algbw = size / r.time / 1e9, busbw = algbw * bus_factor(c, p);
-              char ratio[16] = "";
+              char ratio[16] = "", vs_best[16] = "";
               if (r.algorithm != "mpi") std::snprintf(ratio, sizeof ratio, "%.2fx", mpi_time / r.time);
-              std::printf("%12zu %12zu %5s %5s %-15s %-17s %11.1f %11.2f %11.2f %7lld %8s\n", count * sizeof(float),
+              if (compared && r.algorithm.starts_with("auto:"))
+                std::snprintf(vs_best, sizeof vs_best, "%.2f", automatic_time / best);
+              std::printf("%12zu %12zu %5s %5s %-15s %-21s %11.1f %11.2f %11.2f %7lld %8s %8s\n", count * sizeof(float),
                           count, "f32", "sum", name_of(c).c_str(), r.algorithm.c_str(), r.time * 1e6, algbw, busbw,
-                          r.wrong, ratio);
+                          r.wrong, ratio, vs_best);
             }
           }
         }
+      }
+      if (me == 0 && !verdicts.empty()) {
+        std::size_t picked = 0, within = 0;
+        const verdict* worst = &verdicts.front();
+        for (const verdict& v : verdicts) {
+          picked += v.chose == v.fastest ? 1 : 0;
+          within += v.ratio <= 1.05 ? 1 : 0;
+          if (v.ratio > worst->ratio) worst = &v;
+        }
+        std::printf(
+            "#\n# automatic: picked the fastest algorithm of its row at %zu of %zu sizes; within 5%% of its time at "
+            "%zu of %zu; worst %s %zu B: auto:%s %.2fx the time of %s\n",
+            picked, verdicts.size(), within, verdicts.size(), worst->op.c_str(), worst->bytes, worst->chose.c_str(),
+            worst->ratio, worst->fastest.c_str());
       }
 
       // references of the same run

@@ -447,7 +447,7 @@ void alltoall(communicator& comm, std::span<const std::type_identity_t<T>> in, s
                       " elements; both need the same multiple of the " + std::to_string(p) + " ranks");
   if (a != algorithm::automatic && a != algorithm::pairwise && a != algorithm::shared_memory)
     detail::unsupported(comm, "alltoall", a, "automatic, pairwise, shared_memory");
-  if (a == algorithm::automatic) a = choose_alltoall(comm, in.size_bytes());
+  if (a == algorithm::automatic) a = choose_alltoall(comm, in.size_bytes(), detail::same_buffer(in, out));
   if (a == algorithm::shared_memory) {  // in place too: round k packs chunk k of every block first
     detail::require_one_node_segment(comm, "alltoall");
     detail::shared_memory_alltoall(comm, std::span<const T>(in), out, in.size() / p);

@@ -93,7 +93,7 @@ inline std::string run_reduce_scatter(communicator& comm, dtype type, const std:
 
 inline std::string run_alltoall(communicator& comm, dtype type, const std::byte* in, std::byte* out,
                                 std::size_t count) {
-  const algorithm a = choose_alltoall(comm, count * size_of(type));
+  const algorithm a = choose_alltoall(comm, count * size_of(type), in == out);
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     alltoall(comm, typed<T>(in, count), typed<T>(out, count), a);

@@ -3,6 +3,7 @@
 // fused_executor.hpp: step 5; response_cache.hpp: step 6).
 // The protocol is described step by step in include/flexpar/engine/engine.hpp; the step numbers
 // below refer to it.
+#include <flexpar/collective/automatic.hpp>
 #include <flexpar/core/check_mpi.hpp>
 #include <flexpar/engine/engine.hpp>
 #include <flexpar/timeline.hpp>
@@ -95,6 +96,10 @@ class engine_core final : private fused_executor::owner {
     if (comm_.rank() == 0)
       coordinator_.emplace(comm_.size(), cache_, stall_inspector(cfg_.stall_warning, cfg_.stall_shutdown), log_,
                            timeline_ ? &*timeline_ : nullptr);
+    // The same ranks, the same links: the machine `automatic` knows on the parent (configured with
+    // set_cost_params, or measured) is this communicator's too; every rank has it or none does.
+    if (const auto& parent_state = parent.collective_state(); parent_state && parent_state->machine)
+      set_cost_params(comm_, *parent_state->machine);
     thread_ = std::thread([this] { run(); });
     // Registered after comm_ (made above): at MPI_Finalize this engine stops, and writes its
     // timeline, before comm_ closes its transport (core/mpi_finalize.hpp).

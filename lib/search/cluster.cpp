@@ -200,24 +200,11 @@ compression_rates measure_compression(std::size_t floats) {
 
 link fit_link(const std::vector<link_sample>& samples, double gamma) {
   if (samples.size() < 2) throw usage_error("search::fit_link: needs at least 2 samples");
-  // t - gamma r = alpha x + beta y with x = messages (transport + shared memory), y = bytes (wire + copies);
-  // weighted by 1 / t^2 so that small and large boxings count alike (relative error).
-  double sxx = 0, sxy = 0, syy = 0, sxt = 0, syt = 0;
-  for (const link_sample& k : samples) {
-    const double x = k.terms.steps + k.terms.shm_steps, y = k.terms.wire_bytes + k.terms.copy_bytes;
-    const double t = k.seconds - gamma * k.terms.reduce_bytes, w = 1.0 / std::max(k.seconds * k.seconds, 1e-30);
-    sxx += w * x * x;
-    sxy += w * x * y;
-    syy += w * y * y;
-    sxt += w * x * t;
-    syt += w * y * t;
-  }
-  const double det = sxx * syy - sxy * sxy;
-  double alpha = det > 0 ? (sxt * syy - syt * sxy) / det : 0, beta = det > 0 ? (syt * sxx - sxt * sxy) / det : 0;
-  if (alpha < 0 || det <= 0) {  // refit with alpha = 0
-    alpha = 0;
-    beta = syy > 0 ? syt / syy : 0;
-  }
+  // t - gamma r = alpha x + beta y with x = messages (transport + shared memory), y = bytes (wire + copies)
+  const auto [alpha, beta] = fit_channel(
+      samples, [](const cost& c) { return c.steps + c.shm_steps; },
+      [](const cost& c) { return c.wire_bytes + c.copy_bytes; },
+      [gamma](const cost& c) { return gamma * c.reduce_bytes; }, 0.0, 0.0);
   if (!(beta > 0)) throw usage_error("search::fit_link: the samples give no positive bandwidth");
   return {alpha, 1.0 / beta};
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include <flexpar/collective.hpp>
 
@@ -131,6 +132,32 @@ TEST(mpi_collectives, random_floats_are_bitwise_identical_on_every_rank_and_near
           EXPECT_TRUE(close_to_serial_sum(data, inputs, op, what));
         }
     });
+}
+
+TEST(mpi_collectives, automatic_fits_one_machine_that_every_rank_shares_and_every_rank_picks_alike) {
+  // one node, and (even p) "nodes" of 2 ranks: the fit then times the node communicators' segments
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  for (int per_node : {0, size % 2 == 0 ? 2 : 1}) {
+    config cfg = config::from_environment();
+    cfg.timeout = std::chrono::seconds(60);
+    cfg.ranks_per_node = per_node;
+    communicator comm = communicator::from_mpi(MPI_COMM_WORLD, cfg);
+    const cost_params m = machine_of(comm);
+    std::vector<double> mine{m.alpha, m.beta, m.gamma, m.shm_alpha, m.copy_beta};
+    for (std::size_t bytes : {std::size_t{1} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+      mine.push_back(static_cast<double>(choose_allreduce(comm, bytes)));
+      mine.push_back(static_cast<double>(choose_allgather(comm, bytes)));
+      mine.push_back(static_cast<double>(choose_reduce_scatter(comm, bytes)));
+      mine.push_back(static_cast<double>(choose_alltoall(comm, bytes)));
+      mine.push_back(static_cast<double>(choose_broadcast(comm, bytes)));
+    }
+    for (std::size_t k = 0; k < 5 && size > 1; ++k)
+      EXPECT_TRUE(std::isfinite(mine[k]) && mine[k] > 0) << "machine parameter " << k << ": " << mine[k];
+    std::vector<double> rank0 = mine;
+    ASSERT_EQ(MPI_Bcast(rank0.data(), static_cast<int>(rank0.size()), MPI_DOUBLE, 0, MPI_COMM_WORLD), MPI_SUCCESS);
+    EXPECT_EQ(mine, rank0) << "rank " << comm.rank() << ", " << per_node << " ranks per node";
+  }
 }
 
 TEST(mpi_collectives, hierarchical_allreduce_over_a_configured_mesh_matches_mpi) {

@@ -1,6 +1,11 @@
 // The alpha-beta cost functions (constexpr, so that the simulator and the docs can use them at
-// compile time) and what `automatic` picks with configured machine parameters.
+// compile time), the fit of the machine from timed calls, and what `automatic` picks with configured
+// and with measured machine parameters.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
 
 #include <flexpar/collective.hpp>
 #include <flexpar/comm/run_in_process.hpp>
@@ -21,6 +26,8 @@ static_assert(broadcast_binomial_tree_cost(8, 100).steps == 3);
 static_assert(broadcast_binomial_tree_cost(5, 100).steps == 3);
 static_assert(barrier_dissemination_cost(5).steps == 3);
 static_assert(alltoall_pairwise_cost(4, 400).wire_bytes == 300);
+static_assert(alltoall_pairwise_cost(4, 400).copy_bytes == 100);        // my own block
+static_assert(alltoall_pairwise_cost(4, 400, true).copy_bytes == 500);  // and the buffer set aside first
 static_assert(allreduce_shared_memory_cost(2, 4096).shm_steps == 1);  // one hand-off for small buffers
 static_assert(allreduce_shared_memory_cost(2, 4.0 * shm_round_bytes).shm_steps == 12);
 static_assert(allreduce_shared_memory_cost(2, 4.0 * shm_round_bytes).steps == 0);
@@ -78,7 +85,7 @@ TEST(cost, automatic_picks_shared_memory_on_one_node_and_hierarchical_across_nod
         set_cost_params(comm, m);
         EXPECT_EQ(choose_allreduce(comm, std::size_t{16} << 20), algorithm::shared_memory);
         EXPECT_EQ(choose_allreduce(comm, 4096), algorithm::shared_memory);
-        // allgather and alltoall take the segment on one node at every size
+        // a hand-off through the segment is 40x cheaper than a message, a copy 20x cheaper than a wire byte
         EXPECT_EQ(choose_allgather(comm, 4096), algorithm::shared_memory);
         EXPECT_EQ(choose_alltoall(comm, std::size_t{16} << 20), algorithm::shared_memory);
       },
@@ -105,6 +112,86 @@ TEST(cost, automatic_broadcast_and_reduce_choose_the_tree_for_small_and_the_chai
         EXPECT_EQ(choose_reduce(comm, std::size_t{64} << 20), algorithm::chain);
       },
       config{}, 1);
+}
+
+TEST(cost, fit_machine_recovers_the_machine_its_samples_were_timed_on) {
+  const cost_params truth{7e-6, 1.0 / 3e9, 1.0 / 9e9, 0.6e-6, 1.0 / 12e9};
+  std::vector<timed_cost> transport, node;
+  for (int p : {2, 3})
+    for (double bytes : {256.0, 65536.0, 1048576.0})
+      for (const cost& c : {allreduce_ring_cost(p, bytes), allgather_ring_cost(p, bytes)})
+        transport.push_back({c, c.seconds(truth)});
+  for (double bytes : {256.0, 65536.0, 1048576.0, 4194304.0})
+    for (const cost& c : {allreduce_shared_memory_cost(2, bytes), allgather_shared_memory_cost(2, bytes)})
+      node.push_back({c, c.seconds(truth)});
+  const cost_params fitted = fit_machine(transport, node, truth.gamma);
+  EXPECT_NEAR(fitted.alpha / truth.alpha, 1.0, 1e-9);
+  EXPECT_NEAR(fitted.beta / truth.beta, 1.0, 1e-9);
+  EXPECT_NEAR(fitted.shm_alpha / truth.shm_alpha, 1.0, 1e-9);
+  EXPECT_NEAR(fitted.copy_beta / truth.copy_beta, 1.0, 1e-9);
+  EXPECT_EQ(fitted.gamma, truth.gamma);
+
+  // no node samples (ranks on different nodes, no segment): that channel keeps the fallback's values
+  const cost_params fallback{1, 2, 3, 4e-6, 5e-10};
+  const cost_params transport_only = fit_machine(transport, {}, truth.gamma, fallback);
+  EXPECT_NEAR(transport_only.alpha / truth.alpha, 1.0, 1e-9);
+  EXPECT_EQ(transport_only.shm_alpha, fallback.shm_alpha);
+  EXPECT_EQ(transport_only.copy_beta, fallback.copy_beta);
+}
+
+TEST(cost, fit_channel_holds_a_parameter_that_would_go_below_its_bound_and_refits_the_other) {
+  // t = bytes / 1e9 - 0.2 us: the unconstrained latency is negative; it stays at its bound and the
+  // bandwidth is refitted alone, close to 1 GB/s
+  std::vector<timed_cost> samples;
+  for (double bytes : {1e4, 1e5, 1e6}) samples.push_back({cost{.steps = 1, .wire_bytes = bytes}, bytes / 1e9 - 0.2e-6});
+  const auto [alpha, beta] = fit_channel(
+      samples, [](const cost& c) { return c.steps; }, [](const cost& c) { return c.wire_bytes; },
+      [](const cost&) { return 0.0; }, 1e-8, 1e-13);
+  EXPECT_EQ(alpha, 1e-8);
+  EXPECT_NEAR(beta * 1e9, 1.0, 0.05);
+  // the other bound: every sample the same time whatever its size (bytes cost nothing)
+  samples.clear();
+  for (double bytes : {1e4, 1e5, 1e6}) samples.push_back({cost{.steps = 1, .wire_bytes = bytes}, 3e-6});
+  const auto [latency, per_byte] = fit_channel(
+      samples, [](const cost& c) { return c.steps; }, [](const cost& c) { return c.wire_bytes; },
+      [](const cost&) { return 0.0; }, 1e-8, 1e-13);
+  EXPECT_GT(latency, 1e-6);
+  EXPECT_GE(per_byte, 1e-13);
+}
+
+/// machine_of and every choose_* on `comm`, for sizes from 1 KiB to 16 MiB: what each rank records.
+struct measured {
+  cost_params machine;
+  std::vector<algorithm> choices;
+};
+
+measured measure_and_choose(communicator& comm) {
+  measured out{machine_of(comm), {}};
+  for (std::size_t bytes : {std::size_t{1} << 10, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+    out.choices.push_back(choose_allreduce(comm, bytes));
+    out.choices.push_back(choose_allgather(comm, bytes));
+    out.choices.push_back(choose_reduce_scatter(comm, bytes));
+    out.choices.push_back(choose_alltoall(comm, bytes, true));
+    out.choices.push_back(choose_broadcast(comm, bytes));
+    out.choices.push_back(choose_reduce(comm, bytes));
+  }
+  return out;
+}
+
+TEST(cost, the_measured_machine_is_positive_and_the_same_on_every_rank_which_all_choose_alike) {
+  for (const auto& [ranks, per_node] : {std::pair{2, 0}, std::pair{3, 0}, std::pair{4, 2}, std::pair{3, 1}}) {
+    std::vector<measured> seen(static_cast<std::size_t>(ranks));
+    run_in_process(
+        ranks, [&](communicator& comm) { seen[static_cast<std::size_t>(comm.rank())] = measure_and_choose(comm); },
+        config{}, per_node);
+    for (const measured& m : seen) {
+      for (double v : {m.machine.alpha, m.machine.beta, m.machine.gamma, m.machine.shm_alpha, m.machine.copy_beta})
+        EXPECT_TRUE(std::isfinite(v) && v > 0) << ranks << " ranks, " << per_node << " per node: " << v;
+      EXPECT_EQ(std::memcmp(&m.machine, &seen[0].machine, sizeof(cost_params)), 0)
+          << ranks << " ranks, " << per_node << " per node: the machine differs between ranks";
+      EXPECT_EQ(m.choices, seen[0].choices) << ranks << " ranks, " << per_node << " per node";
+    }
+  }
 }
 
 }  // namespace

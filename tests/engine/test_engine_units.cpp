@@ -742,10 +742,6 @@ TEST_P(fused_executor_inproc, reduce_scatter_and_alltoall_run_and_name_what_auto
         named[e.at("name").get<std::string>()] = e.at("args").at("algorithm").get<std::string>();
     EXPECT_EQ(named["REDUCE_SCATTER"], name_of(choose_reduce_scatter(comm, n * sizeof(std::int64_t))));
     EXPECT_EQ(named["ALLTOALL"], name_of(choose_alltoall(comm, n_a2a * sizeof(std::int64_t))));
-    if (p > 1 && one_node_segment(comm)) {  // one node: the choice is the segment, not the transport
-      EXPECT_EQ(named["REDUCE_SCATTER"], "shared_memory");
-      EXPECT_EQ(named["ALLTOALL"], "shared_memory");
-    }
   });
 }
 

@@ -68,10 +68,10 @@ TEST(search_sync, hand_computed_costs_of_each_choice) {
   const double ai = 1e-4, bi = 1e-8;  // the intra-node link: the hierarchical algorithm's in-node steps
   // ring: 2(p-1) = 6 steps, 2(p-1)/p M = 1.5 M on the wire, (p-1)/p M = 0.75 M reduced
   EXPECT_NEAR(sync_seconds(allreduce_algorithm::ring, grp, M, c), 6 * a + 1.5 * M * b + 0.75 * M * g, 1e-12);
-  // hierarchical: in-node reduce-scatter and allgather (1 step, M/2 copied each), a 2-node allreduce of M/2
-  // (ring and halving-doubling cost the same for 2 nodes: 2 steps, M/2 on the wire, M/4 reduced), and the
-  // in-node reduce-scatter's M/2 reduced
-  const double hier = 2 * (ai + 0.5 * M * bi) + 2 * a + 0.5 * M * b + 0.25 * M * g + 0.5 * M * g;
+  // hierarchical: in-node reduce-scatter and allgather through the node's segment (one round each: 2
+  // hand-offs each; M/2 packed and reduced, M copied out), a 2-node allreduce of M/2 (ring and
+  // halving-doubling cost the same for 2 nodes: 2 steps, M/2 on the wire, M/4 reduced)
+  const double hier = 4 * ai + 1.5 * M * bi + 2 * a + 0.5 * M * b + 0.25 * M * g + 0.5 * M * g;
   EXPECT_NEAR(sync_seconds(allreduce_algorithm::hierarchical, grp, M, c), hier, 1e-12);
   // every relaxation: + 4 M of memory traffic (fuse into a bucket and back)
   // bytegrad: E8 = 16384 + 8 (16384 / 512 + 1) = 16648 bytes; alltoall + allgather: 6 steps, 1.5 E8 wire,

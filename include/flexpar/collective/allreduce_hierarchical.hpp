@@ -22,13 +22,19 @@
 
 namespace flexpar {
 
-/// L ranks per node, N nodes: the intra-node ring steps (inside a node: shared-memory copies) plus
-/// the cheaper inter-node allreduce of bytes/L.
-constexpr cost allreduce_hierarchical_cost(int ranks_per_node, int nodes, double bytes, const cost_params& m) noexcept {
+/// L ranks per node, N nodes: the intra-node reduce-scatter and allgather (through the node's
+/// segment, or around the transport's ring inside the node when `node_segment` is false) plus the
+/// cheaper inter-node allreduce of bytes/L.
+constexpr cost allreduce_hierarchical_cost(int ranks_per_node, int nodes, double bytes, const cost_params& m,
+                                           bool node_segment = true) noexcept {
   const double block = bytes / ranks_per_node;
   const cost ring = allreduce_ring_cost(nodes, block);
   const cost hd = allreduce_halving_doubling_cost(nodes, block);
-  return within_node(reduce_scatter_ring_cost(ranks_per_node, bytes)) + (ring.seconds(m) <= hd.seconds(m) ? ring : hd) +
+  const cost across = ring.seconds(m) <= hd.seconds(m) ? ring : hd;
+  if (node_segment)
+    return reduce_scatter_shared_memory_cost(ranks_per_node, bytes) + across +
+           allgather_shared_memory_cost(ranks_per_node, bytes);
+  return within_node(reduce_scatter_ring_cost(ranks_per_node, bytes)) + across +
          within_node(allgather_ring_cost(ranks_per_node, bytes));
 }
 

@@ -11,9 +11,12 @@
 
 namespace flexpar {
 
-/// p-1 steps, each moving one block (bytes/p of the send buffer).
-constexpr cost alltoall_pairwise_cost(int p, double bytes) noexcept {
-  return {static_cast<double>(p - 1), (p - 1) * bytes / p, 0.0};
+/// p-1 steps, each moving one block (bytes/p of the send buffer); my own block copied locally, and
+/// in place the whole buffer copied aside first (the public alltoall does that).
+constexpr cost alltoall_pairwise_cost(int p, double bytes, bool in_place = false) noexcept {
+  return {.steps = static_cast<double>(p - 1),
+          .wire_bytes = (p - 1) * bytes / p,
+          .copy_bytes = bytes / p + (in_place ? bytes : 0.0)};
 }
 
 namespace detail {

@@ -9,8 +9,11 @@
 // has one constexpr function returning its `cost`; `automatic` picks the smallest time.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
+#include <span>
+#include <utility>
 
 namespace flexpar {
 
@@ -57,6 +60,53 @@ constexpr cost within_node(cost c) noexcept {
   c.steps = 0;
   c.wire_bytes = 0;
   return c;
+}
+
+/// One timed call for the fit: the call's cost terms, and the seconds it took.
+struct timed_cost {
+  cost terms;          ///< the call's steps, bytes and hand-offs (its algorithm's cost function)
+  double seconds = 0;  ///< measured (median over repetitions, slowest rank)
+};
+
+/// The two parameters (x, y) of one channel that make `time(sample) = x * u(terms) + y * v(terms)`
+/// closest to the samples in relative error (weighted least squares, weight 1 / seconds^2), with
+/// x >= min_x and y >= min_y (a bound that binds refits the other parameter alone). `known` is the
+/// part of each sample's time priced by parameters fitted elsewhere (the reduction kernel's), taken
+/// off first. Returns {min_x, min_y} without samples.
+template <class U, class V, class Known>
+constexpr std::pair<double, double> fit_channel(std::span<const timed_cost> samples, U u, V v, Known known,
+                                                double min_x, double min_y) {
+  double uu = 0, uv = 0, vv = 0, ut = 0, vt = 0;
+  for (const timed_cost& s : samples) {
+    if (!(s.seconds > 0)) continue;
+    const double w = 1.0 / (s.seconds * s.seconds);
+    const double t = std::max(s.seconds - known(s.terms), 0.05 * s.seconds);  // never below 5% of the call
+    const double a = u(s.terms), b = v(s.terms);
+    uu += w * a * a;
+    uv += w * a * b;
+    vv += w * b * b;
+    ut += w * a * t;
+    vt += w * b * t;
+  }
+  const double det = uu * vv - uv * uv;
+  const double x = det > 1e-12 * uu * vv ? (ut * vv - vt * uv) / det : -1;
+  const double y = det > 1e-12 * uu * vv ? (vt * uu - ut * uv) / det : -1;
+  if (x >= min_x && y >= min_y) return {x, y};
+  // a bound binds (or the samples do not separate the terms): fix that parameter at its bound and
+  // refit the other alone; keep whichever of the two fits leaves the smaller weighted error
+  auto error = [&](double px, double py) {
+    double e = 0;
+    for (const timed_cost& s : samples) {
+      if (!(s.seconds > 0)) continue;
+      const double t = std::max(s.seconds - known(s.terms), 0.05 * s.seconds);
+      const double r = (px * u(s.terms) + py * v(s.terms) - t) / s.seconds;
+      e += r * r;
+    }
+    return e;
+  };
+  const std::pair<double, double> only_y{min_x, vv > 0 ? std::max(min_y, (vt - min_x * uv) / vv) : min_y};
+  const std::pair<double, double> only_x{uu > 0 ? std::max(min_x, (ut - min_y * uv) / uu) : min_x, min_y};
+  return error(only_y.first, only_y.second) <= error(only_x.first, only_x.second) ? only_y : only_x;
 }
 
 namespace detail {

@@ -97,11 +97,9 @@ cluster cluster_from_json(std::string_view text);
 /// search on them agrees across ranks.
 cluster measure_cluster(communicator& comm, std::size_t gemm_n = 256);
 
-/// One timed boxing of measure_cluster's link fit: its cost terms (sbp::axis_step_cost) and the seconds.
-struct link_sample {
-  cost terms;          ///< steps, wire, reduce, shared-memory steps and copies of the boxing
-  double seconds = 0;  ///< measured (median, slowest rank)
-};
+/// One timed boxing of measure_cluster's link fit: its cost terms (sbp::axis_step_cost) and its seconds
+/// (median, slowest rank).
+using link_sample = timed_cost;
 
 /// The link (alpha = latency, 1 / beta = bandwidth) that fits `samples` best in relative error, with the
 /// reduction term priced at `gamma` seconds per byte; alpha >= 0 (refitted with alpha = 0 if negative).
