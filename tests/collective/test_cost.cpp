@@ -28,7 +28,7 @@ static_assert(barrier_dissemination_cost(5).steps == 3);
 static_assert(alltoall_pairwise_cost(4, 400).wire_bytes == 300);
 static_assert(alltoall_pairwise_cost(4, 400).copy_bytes == 100);        // my own block
 static_assert(alltoall_pairwise_cost(4, 400, true).copy_bytes == 500);  // and the buffer set aside first
-static_assert(allreduce_shared_memory_cost(2, 4096).shm_steps == 1);  // one hand-off for small buffers
+static_assert(allreduce_shared_memory_cost(2, 4096).shm_steps == 1);    // one hand-off for small buffers
 static_assert(allreduce_shared_memory_cost(2, 4.0 * shm_round_bytes).shm_steps == 12);
 static_assert(allreduce_shared_memory_cost(2, 4.0 * shm_round_bytes).steps == 0);
 static_assert(allreduce_ring_cost(1, 1024).seconds(cost_params{}) == 0);

@@ -143,11 +143,7 @@ inline cost_params measure_machine(communicator& comm) {
     local = hierarchy_of(comm).node.get();
   // every rank takes the node samples or none does (a node whose segment failed opts every node out)
   std::array<std::int32_t, 1> segment{local != nullptr && one_node_segment(*local) != nullptr ? 1 : 0};
-  if (topo.node_count() > 1) {
-    call c = begin_call(comm);
-    ring_reduce_scatter(c, std::span<std::int32_t>(segment), block_layout::even(1, p), reduce_op::min);
-    ring_allgather(c, std::span<std::int32_t>(segment), block_layout::even(1, p));
-  }
+  if (topo.node_count() > 1) allreduce_ring(comm, std::span<std::int32_t>(segment), reduce_op::min);
   if (segment[0] != 0) {
     const int l = local->size();
     for (const std::size_t bytes : fit_node_bytes) {
@@ -166,16 +162,14 @@ inline cost_params measure_machine(communicator& comm) {
 
   // the slowest rank's times (every rank has the same samples: the same node sizes on every node,
   // a segment on every node or on none, as one_node_segment answers), fitted on rank 0
-  call c = begin_call(comm);
-  const block_layout all = block_layout::even(seconds.size(), p);
-  ring_reduce_scatter(c, std::span<double>(seconds), all, reduce_op::max);
-  ring_allgather(c, std::span<double>(seconds), all);
+  allreduce_ring(comm, std::span<double>(seconds), reduce_op::max);
   const double gamma = std::max(1e-13, seconds.back() / static_cast<double>(a.size() * sizeof(float)));
   std::size_t k = 0;
   for (timed_cost& s : transport) s.seconds = seconds[k++];
   for (timed_cost& s : node) s.seconds = seconds[k++];
   const cost_params m = fit_machine(transport, node, gamma);
   std::array<double, 5> values{m.alpha, m.beta, m.gamma, m.shm_alpha, m.copy_beta};
+  call c = begin_call(comm);
   binomial_tree_broadcast(c, std::span<double>(values), 0);
   return {values[0], values[1], values[2], values[3], values[4]};
 }
