@@ -2,6 +2,7 @@
 //
 //   mpiexec -n 2 build/samples/megatron_block            # model parallel over every rank (1-D mesh)
 //   mpiexec -n 4 build/samples/megatron_block --mesh 2x2 # data x model parallel on a 2 x 2 mesh
+//   mpiexec -n 2 build/samples/megatron_block --gpu      # the 1-D block in device memory (CUDA builds)
 //
 // y = relu(x W1) W2 with W1 split by columns and W2 by rows: the column-parallel matmul needs no
 // communication, the row-parallel one leaves partial sums, and one allreduce (P -> B) ends the
@@ -13,6 +14,9 @@
 #include <vector>
 
 #include <flexpar/sbp/sbp.hpp>
+#if FLEXPAR_HAVE_CUDA
+#include <flexpar/cuda/sbp.hpp>
+#endif
 
 namespace {
 
@@ -91,6 +95,32 @@ std::vector<float> block_2d(flexpar::communicator& comm, const sizes& s, const s
 }
 // [/snippet:megatron_2d]
 
+#if FLEXPAR_HAVE_CUDA
+// [snippet:megatron_gpu]
+// The 1-D block with its shards in device memory: the same types and signatures; cuBLAS for the
+// matmuls, the relu kernel, and the device allreduce (CUDA IPC among the ranks of one node, NCCL
+// between GPUs) for the boxing, all on the placement's stream.
+std::vector<float> block_gpu(flexpar::communicator& comm, const sizes& s, const std::vector<float>& x,
+                             const std::vector<float>& w1, const std::vector<float>& w2) {
+  using device = flexpar::memory::cuda;
+  placement<1> mesh(comm, {comm.size()});
+  flexpar::cuda::device_placement gpu(mesh, comm.topology().local_rank() % flexpar::cuda::device_count());
+  auto X = global_tensor<float, broadcast, device>::from_full(gpu, {s.batch, s.hidden}, x);
+  auto W1 = global_tensor<float, split<1>, device>::from_full(gpu, {s.hidden, s.ffn}, w1);
+  auto W2 = global_tensor<float, split<0>, device>::from_full(gpu, {s.ffn, s.hidden}, w2);
+
+  auto H = relu(matmul(X, W1));    // (B, S(1)) -> S(1), cuBLAS then the relu kernel
+  auto partial_y = matmul(H, W2);  // (S(1), S(0)) -> P(sum), in device memory
+  static_assert(std::is_same_v<decltype(partial_y), global_tensor<float, partial_sum, device>>);
+  auto Y = to<broadcast>(std::move(partial_y));  // the device allreduce
+  if (comm.rank() == 0)
+    std::printf("1-D mesh of %d on GPU %d: H is %s, one device allreduce\n", comm.size(), gpu.device(),
+                to_string<decltype(H)::sbp_type>().c_str());
+  return Y.download();  // my shard (B: the whole y) copied to the host
+}
+// [/snippet:megatron_gpu]
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,13 +130,26 @@ int main(int argc, char** argv) {
   {
     flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
     const bool mesh_2d = argc > 2 && std::string(argv[1]) == "--mesh" && std::string(argv[2]) == "2x2";
+    const bool on_gpu = argc > 1 && std::string(argv[1]) == "--gpu";
+#if FLEXPAR_HAVE_CUDA
+    const bool have_gpu = flexpar::cuda::device_present();
+#else
+    const bool have_gpu = false;
+#endif
     const sizes s;
     const auto x = matrix(s.batch, s.hidden, 1), w1 = matrix(s.hidden, s.ffn, 2), w2 = matrix(s.ffn, s.hidden, 3);
     if (mesh_2d && comm.size() % 2 != 0) {
       if (comm.rank() == 0) std::fprintf(stderr, "--mesh 2x2 needs an even number of ranks\n");
       status = 2;
+    } else if (on_gpu && !have_gpu) {
+      if (comm.rank() == 0) std::fprintf(stderr, "--gpu needs a CUDA build of flexpar and a CUDA device\n");
+      status = 77;  // ctest's skip code
     } else {
-      const std::vector<float> y = mesh_2d ? block_2d(comm, s, x, w1, w2) : block_1d(comm, s, x, w1, w2);
+      std::vector<float> y;
+#if FLEXPAR_HAVE_CUDA
+      if (on_gpu) y = block_gpu(comm, s, x, w1, w2);
+#endif
+      if (!on_gpu) y = mesh_2d ? block_2d(comm, s, x, w1, w2) : block_1d(comm, s, x, w1, w2);
       const double diff = max_difference(y, serial_block(s, x, w1, w2));
       std::printf("rank %d: max |y - serial y| = %g\n", comm.rank(), diff);
       status = diff == 0.0 ? 0 : 1;

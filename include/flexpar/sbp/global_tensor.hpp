@@ -28,8 +28,8 @@
 
 namespace flexpar::sbp {
 
-/// Host memory: the memory kind of global tensors (core/memory.hpp). Device memory exists in
-/// flexpar::cuda (doc/gpu.md), but the SBP layer's boxing and local math run on the host.
+/// Host memory: the default memory kind of global tensors (core/memory.hpp). The device form,
+/// global_tensor<T, Sbp, memory::cuda>, is in <flexpar/cuda/sbp.hpp> (part of flexpar::cuda).
 using host = flexpar::memory::host;
 
 namespace detail {
@@ -72,6 +72,17 @@ constexpr reduce_op partial_op_of(const nd_parallel& s) noexcept {
   for (std::size_t d = 0; d < s.rank; ++d)
     if (s[d].is_partial()) return s[d].op;
   return reduce_op::sum;
+}
+
+/// Throws usage_error on `rank` when the SBP `Sbp` splits a tensor axis that `shape` lacks.
+template <sbp_type Sbp>
+void check_split_axes(int rank, const shape_t& shape) {
+  for (std::size_t d = 0; d < nd_of<Sbp>::mesh_rank; ++d) {
+    const parallel& e = nd_of<Sbp>::value[d];
+    if (e.is_split() && static_cast<std::size_t>(e.axis) >= shape.size())
+      throw error_on<usage_error>(rank, "global_tensor", "SBP ", to_string<Sbp>(), " splits tensor axis ", e.axis,
+                                  " but the shape ", to_string(shape), " has ", shape.size(), " axes");
+  }
 }
 
 /// Collective over the mesh (nothing outside it): throws mismatch_error on every mesh rank when they
@@ -165,8 +176,8 @@ std::vector<T> gather_full(const placement<N>& where, const shape_t& shape, cons
 template <element T, sbp_type Sbp, class Memory = host>
 class global_tensor {
   static_assert(std::is_same_v<Memory, host>,
-                "flexpar::sbp::global_tensor lives in host memory (Memory = memory::host): its boxing and "
-                "local math run on the CPU; device buffers go through flexpar::cuda's device collectives");
+                "flexpar::sbp::global_tensor<T, Sbp, Memory>: Memory is memory::host here; the device form "
+                "(memory::cuda) is declared in <flexpar/cuda/sbp.hpp>, part of flexpar::cuda: include it");
   static_assert(detail::partial_ops_agree(nd_of<Sbp>::value),
                 "flexpar::sbp::global_tensor: an nd-SBP may hold partial values of one op only (P(sum) and P(max) "
                 "on two mesh axes do not commute)");
@@ -323,13 +334,7 @@ class global_tensor {
 
  private:
   global_tensor(const placement_type& where, shape_t shape) : placement_(where), shape_(std::move(shape)) {
-    for (std::size_t d = 0; d < mesh_rank; ++d) {
-      const parallel& e = nd_sbp::value[d];
-      if (e.is_split() && static_cast<std::size_t>(e.axis) >= shape_.size())
-        throw error_on<usage_error>(where.parent().rank(), "global_tensor", "SBP ", to_string<Sbp>(),
-                                    " splits tensor axis ", e.axis, " but the shape ", to_string(shape_), " has ",
-                                    shape_.size(), " axes");
-    }
+    detail::check_split_axes<Sbp>(where.parent().rank(), shape_);
   }
   static void check_full(const placement_type& where, const shape_t& shape, std::size_t given, const char* what) {
     if (given != elements_of(shape))

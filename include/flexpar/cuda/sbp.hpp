@@ -1,0 +1,744 @@
+// flexpar/cuda/sbp.hpp — SBP global tensors in device memory: global_tensor<T, Sbp, memory::cuda>,
+// boxed by the same overload of to<NewSbp> and the same routes as on the host, each mesh axis's
+// collective on that axis's cuda::device_communicator (NCCL, or CUDA IPC among the ranks of one node,
+// or staged), and matmul (cuBLAS), add, mul and relu on the shards.
+//
+// Part of flexpar::cuda.
+//
+//   sbp::placement<1> ranks(comm, {comm.size()});
+//   cuda::device_placement gpu(ranks, /*device=*/0);                 // stream, pool, axis communicators
+//   auto w = global_tensor<float, split<1>, memory::cuda>::from_full(gpu, {784, 256}, full_w);
+//   cuda::device_span<float> mine = w.to_local();                     // row-major shard on the GPU
+//   auto b = to<broadcast>(std::move(w));                             // allgather on the device
+//   auto h = to_host(b);                                              // global_tensor<float, broadcast>
+//
+// Every operation is enqueued on the placement's stream (gpu.stream()); the device collectives order
+// themselves after it. A step that needs an uneven exchange (split axes whose extent the mesh axis
+// does not divide) pads each rank's block to the largest one: the device collectives take equal
+// blocks, and the padding never reaches a result.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <flexpar/core/dtype.hpp>
+#include <flexpar/core/memory.hpp>
+#include <flexpar/cuda/blas.hpp>
+#include <flexpar/cuda/collective.hpp>
+#include <flexpar/cuda/kernels.hpp>
+#include <flexpar/cuda/nn.hpp>
+#include <flexpar/cuda/runtime.hpp>
+#include <flexpar/sbp/boxing/route.hpp>
+#include <flexpar/sbp/boxing/same_placement.hpp>
+#include <flexpar/sbp/global_tensor.hpp>
+#include <flexpar/sbp/layout.hpp>
+#include <flexpar/sbp/ops.hpp>
+#include <flexpar/sbp/placement.hpp>
+
+namespace flexpar::cuda {
+
+/// Device memory blocks for the shards and staging buffers of one placement's device tensors: a
+/// block given back is kept (up to max_bytes in all) and handed out again for a request it fits
+/// (at most twice the bytes asked), as sbp::buffer_pool does on the host. Used by one thread.
+class device_pool {
+ public:
+  /// What the pool has done (for tests and the bench: an identity boxing changes none of these).
+  struct counters {
+    std::size_t allocations = 0;  ///< blocks cudaMalloc'ed
+    std::size_t reuses = 0;       ///< requests served from a kept block
+    std::size_t kept_bytes = 0;   ///< bytes kept now
+  };
+  /// A pool keeping at most `max_bytes` of free blocks.
+  explicit device_pool(std::size_t max_bytes = std::size_t{1} << 30) : max_bytes_(max_bytes) {}
+
+  /// A block of at least `bytes` (a kept one when one fits, else a new one).
+  device_buffer<std::byte> acquire(std::size_t bytes) {
+    if (bytes == 0) return {};
+    auto it = free_.lower_bound(bytes);
+    if (it != free_.end() && it->first <= 2 * bytes) {
+      device_buffer<std::byte> b = std::move(it->second);
+      c_.kept_bytes -= it->first;
+      free_.erase(it);
+      ++c_.reuses;
+      return b;
+    }
+    ++c_.allocations;
+    return device_buffer<std::byte>(bytes);
+  }
+  /// Keeps `block` for a later acquire (freed at once when the pool is full).
+  void give_back(device_buffer<std::byte>&& block) {
+    if (block.size() == 0 || c_.kept_bytes + block.size() > max_bytes_) return;
+    c_.kept_bytes += block.size();
+    const std::size_t n = block.size();
+    free_.emplace(n, std::move(block));
+  }
+  /// See counters.
+  [[nodiscard]] counters stats() const noexcept { return c_; }
+
+ private:
+  std::size_t max_bytes_;
+  std::multimap<std::size_t, device_buffer<std::byte>> free_;
+  counters c_;
+};
+
+/// `count` elements of T at the front of a pooled device block: the storage of a device shard.
+template <class T>
+struct device_shard {
+  device_buffer<std::byte> block;  ///< the memory (block.size() >= count * sizeof(T))
+  std::size_t count = 0;           ///< elements in use
+
+  /// The elements in use.
+  [[nodiscard]] device_span<T> span() const noexcept { return {reinterpret_cast<T*>(block.data()), count}; }
+};
+
+/// A placement's device side: this rank's GPU, a stream every device tensor of the placement works
+/// on, a device_pool, a cuBLAS handle, and one device_communicator per mesh axis (made at the first
+/// boxing along that axis: collective over the axis's group, which every rank of it reaches in the
+/// same boxing). Cheap to copy (copies share all of it and compare equal); used by one thread.
+template <std::size_t MeshRank>
+class device_placement {
+ public:
+  static constexpr std::size_t mesh_rank = MeshRank;  ///< mesh axes
+
+  /// The device side of `where` on GPU `device`; `options` configure the axis communicators.
+  /// @throws transport_error when the device does not exist or the stream cannot be made.
+  device_placement(const sbp::placement<MeshRank>& where, int device, device_options options = {})
+      : s_(std::make_shared<state>(where, device, std::move(options))) {}
+
+  /// The host placement (mesh, ranks, host pool).
+  [[nodiscard]] const sbp::placement<MeshRank>& host() const noexcept { return s_->where; }
+  /// This rank's GPU.
+  [[nodiscard]] int device() const noexcept { return s_->device; }
+  /// The stream the placement's device tensors are computed and boxed on.
+  [[nodiscard]] cudaStream_t stream() const noexcept { return s_->s; }
+  /// The device blocks of this placement's tensors.
+  [[nodiscard]] device_pool& pool() const noexcept { return s_->pool; }
+  /// My group along mesh axis `d` on the device (made at its first use, collectively). NCCL (where
+  /// options.use_nccl allows it) only when no two ranks of the group share a GPU: NCCL holds one
+  /// rank per GPU, and ranks that share one go through CUDA IPC or staging.
+  [[nodiscard]] device_communicator& axis(std::size_t d) const {
+    auto& c = s_->axes.at(d);
+    if (!c) {
+      communicator& group = s_->where.axis(d);
+      device_options o = s_->options;
+      if (o.use_nccl && group.size() > 1) {
+        const int mine[2] = {group.topology().my_node(), s_->device};
+        std::vector<int> all(2 * static_cast<std::size_t>(group.size()));
+        allgather(group, std::span<const int>(mine), std::span<int>(all));
+        for (std::size_t q = 0; q + 2 <= all.size(); q += 2)
+          for (std::size_t r = q + 2; r + 2 <= all.size(); r += 2)
+            if (all[q] == all[r] && all[q + 1] == all[r + 1]) o.use_nccl = false;
+      }
+      device_guard on(s_->device);
+      c = std::make_unique<device_communicator>(group, s_->device, o);
+    }
+    return *c;
+  }
+  /// The cuBLAS handle of this placement (made at first use).
+  [[nodiscard]] blas& linear_algebra() const {
+    if (!s_->la) {
+      device_guard on(s_->device);
+      s_->la = std::make_unique<blas>();
+    }
+    return *s_->la;
+  }
+  /// Waits, with the parent communicator's timeout, for the work enqueued on stream().
+  void synchronize(std::string_view what) const {
+    cuda::synchronize(s_->s, s_->where.parent().settings().timeout, what, s_->where.parent().rank());
+  }
+
+  /// Mesh extents, membership, coordinates and the parent: those of host().
+  [[nodiscard]] const std::array<int, MeshRank>& shape() const noexcept { return s_->where.shape(); }
+  [[nodiscard]] bool contains_me() const noexcept { return s_->where.contains_me(); }                    ///< see host()
+  [[nodiscard]] const std::array<int, MeshRank>& coords() const noexcept { return s_->where.coords(); }  ///< see host()
+  [[nodiscard]] communicator& parent() const noexcept { return s_->where.parent(); }                     ///< see host()
+  /// "[2] over ranks 0 1 on GPU 0".
+  [[nodiscard]] std::string describe() const { return s_->where.describe() + " on GPU " + std::to_string(s_->device); }
+  /// Copies of one device placement compare equal; two constructions do not.
+  friend bool operator==(const device_placement& a, const device_placement& b) noexcept { return a.s_ == b.s_; }
+
+ private:
+  struct state {
+    state(const sbp::placement<MeshRank>& w, int d, device_options o)
+        : where(w), device(d), options(std::move(o)), s(stream_on(d)) {}
+    static cuda::stream stream_on(int d) {
+      device_guard on(d);
+      return cuda::stream();
+    }
+    sbp::placement<MeshRank> where;
+    int device;
+    device_options options;
+    cuda::stream s;
+    device_pool pool;
+    std::array<std::unique_ptr<device_communicator>, MeshRank> axes{};
+    std::unique_ptr<blas> la;
+  };
+  std::shared_ptr<state> s_;
+};
+
+template <std::size_t N>
+device_placement(const sbp::placement<N>&, int, device_options = {}) -> device_placement<N>;
+
+namespace detail {
+/// The box `extent` at `src_at` of the row-major `src_shape` tensor at `src` copied to `dst_at` of
+/// `dst_shape` at `dst`, elements of `element_bytes` bytes, on `s` (one cudaMemcpy2DAsync when the
+/// box is rows of one stride, else a kernel that copies one row per block). lib/cuda/sbp_kernels.cu.
+void copy_box_bytes(std::size_t element_bytes, const void* src, const sbp::shape_t& src_shape,
+                    const sbp::shape_t& src_at, void* dst, const sbp::shape_t& dst_shape, const sbp::shape_t& dst_at,
+                    const sbp::shape_t& extent, cudaStream_t s);
+}  // namespace detail
+
+/// copy_box (sbp/layout.hpp) on device memory: the box `extent` at `src_at` of `src` (shape
+/// `src_shape`) to `dst_at` of `dst` (shape `dst_shape`), enqueued on `s`.
+template <class T>
+void copy_box(device_span<const T> src, const sbp::shape_t& src_shape, const sbp::shape_t& src_at, device_span<T> dst,
+              const sbp::shape_t& dst_shape, const sbp::shape_t& dst_at, const sbp::shape_t& extent, cudaStream_t s) {
+  detail::copy_box_bytes(sizeof(T), src.data(), src_shape, src_at, dst.data(), dst_shape, dst_at, extent, s);
+}
+
+}  // namespace flexpar::cuda
+
+namespace flexpar::sbp {
+
+/// A logical tensor of T over a placement with the static SBP `Sbp`, its shards in device memory
+/// (the host form's interface, with a device_placement for the placement and a cuda::device_span for
+/// the shard). Move-only (copies are explicit: clone()).
+template <element T, sbp_type Sbp>
+class global_tensor<T, Sbp, memory::cuda> {
+  static_assert(detail::partial_ops_agree(nd_of<Sbp>::value),
+                "flexpar::sbp::global_tensor: an nd-SBP may hold partial values of one op only (P(sum) and P(max) "
+                "on two mesh axes do not commute)");
+
+ public:
+  using value_type = T;                                        ///< element type
+  using sbp_type = Sbp;                                        ///< the SBP as written
+  using nd_sbp = nd_of<Sbp>;                                   ///< the SBP as sbp<...>
+  using memory_type = memory::cuda;                            ///< where the shards live
+  static constexpr std::size_t mesh_rank = nd_sbp::mesh_rank;  ///< mesh axes
+  using placement_type = cuda::device_placement<mesh_rank>;    ///< the placement it lives on
+  using shard_type = cuda::device_shard<T>;                    ///< the storage of a shard
+
+  /// Moves the shard; `other` is left empty.
+  global_tensor(global_tensor&& other) noexcept
+      : placement_(other.placement_), shape_(std::move(other.shape_)), local_(std::move(other.local_)) {
+    other.local_.count = 0;
+  }
+  /// Moves the shard; the block this tensor held goes back to the placement's device pool.
+  global_tensor& operator=(global_tensor&& other) noexcept {
+    if (this == &other) return *this;
+    placement_.pool().give_back(std::move(local_.block));
+    placement_ = other.placement_;
+    shape_ = std::move(other.shape_);
+    local_ = std::move(other.local_);
+    other.local_.count = 0;
+    return *this;
+  }
+  global_tensor(const global_tensor&) = delete;             ///< copies are explicit: clone()
+  global_tensor& operator=(const global_tensor&) = delete;  ///< copies are explicit: clone()
+  /// Returns the shard's block to the placement's device pool.
+  ~global_tensor() { placement_.pool().give_back(std::move(local_.block)); }
+
+  /// Collective over the mesh: every mesh rank passes the same full logical tensor (host memory) and
+  /// keeps its shard, copied to the device (the host form's from_full, then one upload).
+  static global_tensor from_full(const placement_type& where, shape_t shape, std::span<const T> full) {
+    return upload(where, global_tensor<T, Sbp, host>::from_full(where.host(), std::move(shape), full));
+  }
+
+  /// Collective over the mesh (the shape check): a copy of `local`, device memory holding this rank's
+  /// shard row-major, as the shard. @throws usage_error when its size is not the shard's.
+  static global_tensor from_local(const placement_type& where, shape_t shape, cuda::device_span<const T> local) {
+    detail::check_same_shape(where.host(), shape, "global_tensor::from_local");
+    shard_type s = acquire(where, local.size());
+    cuda::copy_async(s.span(), local, where.stream());
+    return adopt(where, std::move(shape), std::move(s));
+  }
+
+  /// For ops and boxing: a tensor of this type from a shard computed from tensors whose shapes agree
+  /// already (no communication; checks the shard's size only).
+  static global_tensor adopt(const placement_type& where, shape_t shape, shard_type local) {
+    global_tensor t(where, std::move(shape));
+    const std::size_t want = where.contains_me() ? t.my_box().elements() : 0;
+    if (local.count != want) {
+      const std::size_t given = local.count;
+      where.pool().give_back(std::move(local.block));
+      throw error_on<usage_error>(where.parent().rank(), "global_tensor::from_local", "tensor ", to_string(t.shape_),
+                                  " ", to_string<Sbp>(), " (device) has a shard of ", want,
+                                  " elements on this rank, but ", given, " were given");
+    }
+    t.local_ = std::move(local);
+    return t;
+  }
+
+  /// The shard of a host tensor on the same mesh copied to the device (one upload, waited for).
+  /// @throws usage_error when `h` does not live on where.host().
+  static global_tensor upload(const placement_type& where, const global_tensor<T, Sbp, host>& h) {
+    if (!(h.where() == where.host()))
+      throw error_on<usage_error>(where.parent().rank(), "to_device", "the host tensor lives on ", h.where().describe(),
+                                  ", not on the device placement's mesh ", where.describe());
+    shard_type s = acquire(where, h.to_local().size());
+    cuda::copy_async(s.span(), h.to_local(), where.stream());
+    where.synchronize("to_device");  // the host shard may go once this returns
+    return adopt(where, h.shape(), std::move(s));
+  }
+
+  /// The logical shape.
+  [[nodiscard]] const shape_t& shape() const noexcept { return shape_; }
+  /// The shape of my shard (all zeros outside the mesh).
+  [[nodiscard]] shape_t local_shape() const {
+    return placement_.contains_me() ? my_box().extent : shape_t(shape_.size(), 0);
+  }
+  /// My shard, row-major, in device memory.
+  [[nodiscard]] cuda::device_span<T> to_local() noexcept { return local_.span(); }
+  /// My shard, row-major, in device memory.
+  [[nodiscard]] cuda::device_span<const T> to_local() const noexcept { return local_.span(); }
+  /// The device placement.
+  [[nodiscard]] const placement_type& where() const noexcept { return placement_; }
+  /// The box of the logical tensor my shard covers (partial shards cover the whole tensor).
+  [[nodiscard]] box my_box() const {
+    return shard_box(shape_, nd_sbp::value, placement_.host().shape(), placement_.coords());
+  }
+  /// An explicit deep copy (one device-to-device copy on the placement's stream).
+  [[nodiscard]] global_tensor clone() const {
+    global_tensor t(placement_, shape_);
+    t.local_ = acquire(placement_, local_.count);
+    cuda::copy_async(t.local_.span(), to_local(), placement_.stream());
+    return t;
+  }
+  /// Takes the storage out (the tensor is left empty); boxing uses it to box in place.
+  [[nodiscard]] shard_type release() && noexcept {
+    shard_type out = std::move(local_);
+    local_.count = 0;
+    return out;
+  }
+  /// My shard copied to the host (waits for the placement's stream).
+  [[nodiscard]] std::vector<T> download() const {
+    std::vector<T> out(local_.count);
+    cuda::copy_async(std::span<T>(out), to_local(), placement_.stream());
+    placement_.synchronize("global_tensor::download");
+    return out;
+  }
+  /// Collective over the mesh: the full logical tensor on the host of every mesh rank (empty outside
+  /// it): the shards downloaded and gathered by the host's detail::gather_full, the boxing tests' oracle.
+  [[nodiscard]] std::vector<T> to_full() const {
+    const std::vector<T> mine = download();
+    return detail::gather_full<T>(placement_.host(), shape_, nd_sbp::value, std::span<const T>(mine));
+  }
+
+  /// The op of the partial entries (sum when there are none).
+  static constexpr reduce_op partial_op() noexcept { return detail::partial_op_of(nd_sbp::value); }
+
+  /// A shard of `count` elements from the placement's device pool (its contents undefined).
+  static shard_type acquire(const placement_type& where, std::size_t count) {
+    return shard_type{where.pool().acquire(count * sizeof(T)), count};
+  }
+
+ private:
+  global_tensor(const placement_type& where, shape_t shape) : placement_(where), shape_(std::move(shape)) {
+    detail::check_split_axes<Sbp>(where.parent().rank(), shape_);
+  }
+
+  placement_type placement_;
+  shape_t shape_;
+  shard_type local_;
+};
+
+/// A host tensor's copy on the device placement `gpu` (whose host() must be t's placement).
+template <element T, sbp_type S, std::size_t N>
+global_tensor<T, S, memory::cuda> to_device(const global_tensor<T, S, host>& t, const cuda::device_placement<N>& gpu) {
+  return global_tensor<T, S, memory::cuda>::upload(gpu, t);
+}
+
+/// A device tensor's copy in host memory, on its placement's host() (no communication).
+template <element T, sbp_type S>
+global_tensor<T, S, host> to_host(const global_tensor<T, S, memory::cuda>& t) {
+  const auto& where = t.where().host();
+  return global_tensor<T, S, host>::adopt(where, t.shape(),
+                                          where.pool().acquire_copy(std::span<const T>(t.download())));
+}
+
+// ---- boxing on the device ------------------------------------------------------------------------
+
+namespace detail {
+
+/// One mesh axis's boxing on the device: the axis's device communicator, the shape its group holds
+/// jointly, my shard, the pool and the stream (the device form of axis_view).
+template <class T>
+struct device_axis_view {
+  cuda::device_communicator& comm;
+  shape_t group_shape;
+  cuda::device_shard<T> local;
+  cuda::device_pool& pool;
+  cudaStream_t stream;
+
+  [[nodiscard]] int rank() const noexcept { return comm.rank(); }
+  [[nodiscard]] int size() const noexcept { return comm.size(); }
+  cuda::device_shard<T> acquire(std::size_t count) { return {pool.acquire(count * sizeof(T)), count}; }
+  void replace(cuda::device_shard<T>&& next) {
+    pool.give_back(std::move(local.block));
+    local = std::move(next);
+  }
+  void recycle(cuda::device_shard<T>&& spare) { pool.give_back(std::move(spare.block)); }
+};
+
+/// The box of block `k` along `axis` of `shape` cut by `parts` (offset and extent).
+inline box axis_block(const shape_t& shape, std::size_t axis, const part& k) {
+  shape_t at(shape.size(), 0);
+  at[axis] = k.offset;
+  return box{at, with_extent(shape, axis, k.count)};
+}
+
+/// The largest block when `shape`'s axis is cut by `parts` (every rank's padded block size).
+inline std::size_t largest_block(const shape_t& shape, std::size_t axis, const std::vector<part>& parts) {
+  std::size_t most = 0;
+  for (const part& k : parts) most = std::max(most, k.count);
+  return elements_of(with_extent(shape, axis, most));
+}
+
+/// True when the blocks along `axis` are equal and lie one after another in row-major order.
+inline bool contiguous_equal_blocks(const shape_t& shape, std::size_t axis, const std::vector<part>& parts) {
+  const around a(shape, axis);
+  for (const part& k : parts)
+    if (k.count != parts.front().count) return false;
+  return a.outer == 1;
+}
+
+template <class T, one_axis_sbp X>
+void box_axis_device(device_axis_view<T>&, X, X) {}
+
+/// P(op) -> B: the device allreduce, in place.
+template <class T, reduce_op Op>
+void box_axis_device(device_axis_view<T>& v, partial<Op>, broadcast) {
+  v.comm.allreduce(v.local.span(), Op, v.stream);
+}
+
+/// P(op) -> S(i): the destinations' blocks packed one after another (each padded to the largest;
+/// nothing to pack when they already lie so), one device reduce_scatter, my block is the result.
+template <class T, reduce_op Op, int I>
+void box_axis_device(device_axis_view<T>& v, partial<Op>, split<I>) {
+  const int p = v.size();
+  if (p == 1) return;
+  const auto parts = parts_of(v.group_shape[I], p);
+  const std::size_t block = largest_block(v.group_shape, I, parts);
+  const shape_t zero(v.group_shape.size(), 0);
+  cuda::device_shard<T> packed;
+  if (!contiguous_equal_blocks(v.group_shape, I, parts)) {
+    packed = v.acquire(block * static_cast<std::size_t>(p));
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      const box b = axis_block(v.group_shape, I, parts[k]);
+      cuda::copy_box<T>(v.local.span(), v.group_shape, b.offset, packed.span().subspan(k * block, b.elements()),
+                        b.extent, zero, b.extent, v.stream);
+    }
+  }
+  const cuda::device_span<const T> send = packed.count ? packed.span() : v.local.span();
+  cuda::device_shard<T> mine = v.acquire(block);
+  v.comm.reduce_scatter(send, mine.span(), Op, v.stream);
+  mine.count = axis_block(v.group_shape, I, parts[static_cast<std::size_t>(v.rank())]).elements();
+  v.recycle(std::move(packed));
+  v.replace(std::move(mine));
+}
+
+/// S(i) -> B: one device allgather of every shard (padded to the largest), then each block copied to
+/// its place in the result (nothing to place when the blocks are equal and outermost).
+template <class T, int I>
+void box_axis_device(device_axis_view<T>& v, split<I>, broadcast) {
+  const int p = v.size();
+  const auto parts = parts_of(v.group_shape[I], p);
+  const std::size_t block = largest_block(v.group_shape, I, parts);
+  cuda::device_shard<T> send;
+  if (v.local.count != block) {  // padded to the common block size
+    send = v.acquire(block);
+    cuda::copy_async(send.span().first(v.local.count), cuda::device_span<const T>(v.local.span()), v.stream);
+  }
+  const bool in_place = contiguous_equal_blocks(v.group_shape, I, parts);
+  cuda::device_shard<T> gathered = v.acquire(block * static_cast<std::size_t>(p));
+  v.comm.allgather(cuda::device_span<const T>(send.count ? send.span() : v.local.span()), gathered.span(), v.stream);
+  v.recycle(std::move(send));
+  if (in_place) {
+    v.replace(std::move(gathered));
+    return;
+  }
+  cuda::device_shard<T> out = v.acquire(elements_of(v.group_shape));
+  const shape_t zero(v.group_shape.size(), 0);
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const box b = axis_block(v.group_shape, I, parts[k]);
+    cuda::copy_box<T>(gathered.span().subspan(k * block, b.elements()), b.extent, zero, out.span(), v.group_shape,
+                      b.offset, b.extent, v.stream);
+  }
+  v.recycle(std::move(gathered));
+  v.replace(std::move(out));
+}
+
+/// S(i) -> S(j), i != j: block k of mine (my rows of i, rank k's rows of j) packed at k x block
+/// (padded to the largest), one device alltoall, rank k's block placed at its rows of i in the result.
+template <class T, int I, int J>
+requires(I != J) void box_axis_device(device_axis_view<T>& v, split<I>, split<J>) {
+  const int p = v.size();
+  const auto me = static_cast<std::size_t>(v.rank());
+  const auto rows_i = parts_of(v.group_shape[I], p), rows_j = parts_of(v.group_shape[J], p);
+  const shape_t mine_now = with_extent(v.group_shape, I, rows_i[me].count);
+  const shape_t mine_next = with_extent(v.group_shape, J, rows_j[me].count);
+  std::size_t most_i = 0, most_j = 0;
+  for (const part& k : rows_i) most_i = std::max(most_i, k.count);
+  for (const part& k : rows_j) most_j = std::max(most_j, k.count);
+  const std::size_t block = elements_of(with_extent(with_extent(v.group_shape, I, most_i), J, most_j));
+  const shape_t zero(v.group_shape.size(), 0);
+  cuda::device_shard<T> send = v.acquire(block * static_cast<std::size_t>(p));
+  for (std::size_t k = 0; k < rows_j.size(); ++k) {
+    const box b = axis_block(mine_now, J, rows_j[k]);
+    cuda::copy_box<T>(v.local.span(), mine_now, b.offset, send.span().subspan(k * block, b.elements()), b.extent, zero,
+                      b.extent, v.stream);
+  }
+  cuda::device_shard<T> received = v.acquire(block * static_cast<std::size_t>(p));
+  v.comm.alltoall(cuda::device_span<const T>(send.span()), received.span(), v.stream);
+  v.recycle(std::move(send));
+  cuda::device_shard<T> next = v.acquire(elements_of(mine_next));
+  for (std::size_t k = 0; k < rows_i.size(); ++k) {
+    const box b = axis_block(mine_next, I, rows_i[k]);
+    cuda::copy_box<T>(received.span().subspan(k * block, b.elements()), b.extent, zero, next.span(), mine_next,
+                      b.offset, b.extent, v.stream);
+  }
+  v.recycle(std::move(received));
+  v.replace(std::move(next));
+}
+
+/// B -> S(i): keep my rows (local): the same block, shortened, when they are its front; else one copy.
+template <class T, int I>
+void box_axis_device(device_axis_view<T>& v, broadcast, split<I>) {
+  const part mine = balanced_part(v.group_shape[I], v.size(), v.rank());
+  const box b = axis_block(v.group_shape, I, mine);
+  if (around(v.group_shape, I).outer == 1 && mine.offset == 0) {
+    v.local.count = b.elements();
+    return;
+  }
+  cuda::device_shard<T> out = v.acquire(b.elements());
+  cuda::copy_box<T>(v.local.span(), v.group_shape, b.offset, out.span(), b.extent, shape_t(b.extent.size(), 0),
+                    b.extent, v.stream);
+  v.replace(std::move(out));
+}
+
+/// B -> P(op): sum keeps the values at coordinate 0 and zeros elsewhere; max and min keep them.
+template <class T, reduce_op Op>
+void box_axis_device(device_axis_view<T>& v, broadcast, partial<Op>) {
+  if (Op == reduce_op::sum && v.rank() != 0) cuda::fill(v.local.span(), T{}, v.stream);
+}
+
+/// S(i) -> P(op): my rows in a full-shape tensor of the op's identity (local).
+template <class T, int I, reduce_op Op>
+void box_axis_device(device_axis_view<T>& v, split<I>, partial<Op>) {
+  const box b = axis_block(v.group_shape, I, balanced_part(v.group_shape[I], v.size(), v.rank()));
+  cuda::device_shard<T> out = v.acquire(elements_of(v.group_shape));
+  cuda::fill(out.span(), partial_identity<T>(Op), v.stream);
+  cuda::copy_box<T>(v.local.span(), b.extent, shape_t(b.extent.size(), 0), out.span(), v.group_shape, b.offset,
+                    b.extent, v.stream);
+  v.replace(std::move(out));
+}
+
+/// P(a) -> P(b), a != b: routes go through B (reached only by a hand-made route).
+template <class T, reduce_op A, reduce_op B>
+requires(A != B) void box_axis_device(device_axis_view<T>& v, partial<A>, partial<B>) {
+  throw error_on<usage_error>(v.rank(), "box_axis", "P(", name_of(A), ") -> P(", name_of(B),
+                              ") has no one-step transform; box through B");
+}
+
+/// Runs the static route R on my device shard, one box_axis_device overload per step, each on the
+/// step's mesh axis's device communicator.
+template <class T, std::size_t MeshRank, route R>
+void run_route_device(const cuda::device_placement<MeshRank>& where, const shape_t& shape,
+                      cuda::device_shard<T>& local) {
+  [&]<std::size_t... K>(std::index_sequence<K...>) {
+    (
+        [&] {
+          constexpr route_step step = R.steps[K];
+          device_axis_view<T> v{where.axis(step.axis),
+                                shard_box(shape, R.before[K], where.shape(), where.coords(), step.axis).extent,
+                                std::move(local), where.pool(), where.stream()};
+          box_axis_device(v, type_of<step.from>{}, type_of<step.to>{});
+          local = std::move(v.local);
+        }(),
+        ...);
+  }
+  (std::make_index_sequence<R.count>{});
+}
+
+}  // namespace detail
+
+/// Boxing of a device tensor, consuming it: the route to<To>(t) takes on the host (route_for), each
+/// mesh axis's step on that axis's device communicator. Collective over t's mesh.
+template <sbp_type To, element T, sbp_type From>
+requires(!same_layout<From, To>) auto to(global_tensor<T, From, memory::cuda>&& t) {
+  if constexpr (nd_of<From>::mesh_rank != nd_of<To>::mesh_rank) {
+    detail::check_mesh_rank<From, To>();
+  } else {
+    constexpr std::size_t N = nd_of<From>::mesh_rank;
+    const cuda::device_placement<N> where = t.where();
+    const shape_t shape = t.shape();
+    cuda::device_shard<T> local = std::move(t).release();
+    if (where.contains_me()) {
+      const std::size_t chosen = cheapest(candidates_of<From, To>, extents_of(where.shape()));
+      [&]<std::size_t... C>(std::index_sequence<C...>) {
+        ((chosen == C ? detail::run_route_device<T, N, candidates_of<From, To>.routes[C]>(where, shape, local)
+                      : void()),
+         ...);
+      }
+      (std::make_index_sequence<candidates_of<From, To>.count>{});
+    }
+    return global_tensor<T, To, memory::cuda>::adopt(where, shape, std::move(local));
+  }
+}
+
+/// Boxing of a device tensor that stays usable: boxes a copy.
+template <sbp_type To, element T, sbp_type From>
+requires(!same_layout<From, To>) auto to(const global_tensor<T, From, memory::cuda>& t) { return to<To>(t.clone()); }
+
+// ---- ops on the device ---------------------------------------------------------------------------
+
+namespace diagnostic {
+/// Instantiated when an op is given one host and one device tensor.
+template <class Left, class Right>
+struct operands_in_different_memory {
+  static_assert(detail::dependent_false<Left>,
+                "flexpar::sbp: one operand lives in host memory and the other in device memory (memory::cuda). "
+                "Bring them together first: to_device(host_tensor, device_placement) copies a host tensor to "
+                "the GPU, to_host(device_tensor) copies a device tensor back.");
+};
+/// Instantiated for a device matmul of an element type cuBLAS is not called with here.
+template <class T>
+struct device_matmul_needs_f32_or_bf16 {
+  static_assert(detail::dependent_false<T>,
+                "flexpar::sbp::matmul on device tensors runs cublasGemmEx in f32 or bf16 (f32 accumulation): "
+                "its element type must be float or flexpar::bfloat16.");
+};
+}  // namespace diagnostic
+
+namespace detail {
+template <class MA, class MB>
+constexpr bool different_memory = !std::is_same_v<MA, MB>;
+
+template <class TA, class TB>
+void require_same_device_placement(const TA& a, const TB& b, const char* op) {
+  if (!(a.where() == b.where()))
+    throw error_on<usage_error>(a.where().parent().rank(), op, "the operands live on different placements (",
+                                a.where().describe(), " and ", b.where().describe(),
+                                "); box one with a placement change");
+}
+}  // namespace detail
+
+/// Matrix product of device tensors: the host signatures, the local product by cuBLAS on the
+/// placement's stream (f32, or bf16 with f32 accumulation).
+template <element T, sbp_type A, sbp_type B>
+auto matmul(const global_tensor<T, A, memory::cuda>& a, const global_tensor<T, B, memory::cuda>& b) {
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, bfloat16>) {
+    (void)sizeof(diagnostic::device_matmul_needs_f32_or_bf16<T>);
+    return;
+  } else if constexpr (!detail::same_mesh_rank<A, B>()) {
+    return;
+  } else {
+    constexpr nd_signature_result sig = nd_signature(detail::matmul_rule{}, nd_of<A>::value, nd_of<B>::value);
+    if constexpr (!sig.ok) {
+      (void)sizeof(diagnostic::matmul_has_no_signature<A, B, detail::fix_type<detail::matmul_rule, A, B>>);
+      return;
+    } else {
+      using Out = detail::sbp_type_of<sig.out, detail::both_one_axis<A, B>>;
+      using result = global_tensor<T, Out, memory::cuda>;
+      detail::require_same_device_placement(a, b, "matmul");
+      if (a.shape().size() != 2 || b.shape().size() != 2 || a.shape()[1] != b.shape()[0])
+        throw error_on<usage_error>(a.where().parent().rank(), "matmul", "shapes ", to_string(a.shape()), " x ",
+                                    to_string(b.shape()), " do not multiply ([m, k] x [k, n])");
+      const shape_t out_shape{a.shape()[0], b.shape()[1]};
+      if (!a.where().contains_me()) return result::adopt(a.where(), out_shape, {});
+      const shape_t la = a.local_shape(), lb = b.local_shape();
+      if (la[1] != lb[0])
+        throw error_on<usage_error>(a.where().parent().rank(), "matmul", "local shards ", to_string(la), " x ",
+                                    to_string(lb), " do not multiply");
+      cuda::device_shard<T> c = result::acquire(a.where(), la[0] * lb[1]);  // beta = 0: every element written
+      if (c.count > 0) {
+        if (la[1] == 0)
+          cuda::fill(c.span(), T{}, a.where().stream());
+        else
+          a.where().linear_algebra().gemm(cuda::transpose::no, cuda::transpose::no, la[0], lb[1], la[1], 1.0f,
+                                          a.to_local(), b.to_local(), 0.0f, c.span(), a.where().stream());
+      }
+      return result::adopt(a.where(), out_shape, std::move(c));
+    }
+  }
+}
+
+/// Element-wise sum of device tensors (the host signatures), one pass of cuda::reduce_into.
+template <element T, sbp_type A, sbp_type B>
+auto add(const global_tensor<T, A, memory::cuda>& a, const global_tensor<T, B, memory::cuda>& b) {
+  if constexpr (!detail::same_mesh_rank<A, B>()) {
+    return;
+  } else {
+    constexpr nd_signature_result sig = nd_signature(detail::add_rule{}, nd_of<A>::value, nd_of<B>::value);
+    if constexpr (!sig.ok) {
+      (void)sizeof(diagnostic::add_has_no_signature<A, B, detail::fix_type<detail::add_rule, A, B>>);
+      return;
+    } else {
+      using result = global_tensor<T, A, memory::cuda>;
+      detail::require_same_device_placement(a, b, "add");
+      detail::require_same_shape(a, b, "add");
+      cuda::device_shard<T> out = result::acquire(a.where(), a.to_local().size());
+      cuda::reduce_into(out.span(), a.to_local(), b.to_local(), reduce_op::sum, a.where().stream());
+      return result::adopt(a.where(), a.shape(), std::move(out));
+    }
+  }
+}
+
+/// Element-wise product of device tensors (the host signatures), one pass of cuda::reduce_into (prod).
+template <element T, sbp_type A, sbp_type B>
+auto mul(const global_tensor<T, A, memory::cuda>& a, const global_tensor<T, B, memory::cuda>& b) {
+  if constexpr (!detail::same_mesh_rank<A, B>()) {
+    return;
+  } else {
+    constexpr nd_signature_result sig = nd_signature(detail::mul_rule{}, nd_of<A>::value, nd_of<B>::value);
+    if constexpr (!sig.ok) {
+      (void)sizeof(diagnostic::mul_has_no_signature<A, B, detail::fix_type<detail::mul_rule, A, B>>);
+      return;
+    } else {
+      using result = global_tensor<T, detail::sbp_type_of<sig.out, detail::both_one_axis<A, B>>, memory::cuda>;
+      detail::require_same_device_placement(a, b, "mul");
+      detail::require_same_shape(a, b, "mul");
+      cuda::device_shard<T> out = result::acquire(a.where(), a.to_local().size());
+      cuda::reduce_into(out.span(), a.to_local(), b.to_local(), reduce_op::prod, a.where().stream());
+      return result::adopt(a.where(), a.shape(), std::move(out));
+    }
+  }
+}
+
+/// max(x, 0) of a float device tensor (the host signatures: any SBP but P).
+template <sbp_type A>
+auto relu(const global_tensor<float, A, memory::cuda>& t) {
+  if constexpr (nd_of<A>::value.any_partial()) {
+    (void)sizeof(diagnostic::relu_has_no_signature_for_partial<A>);
+    return;
+  } else {
+    global_tensor<float, A, memory::cuda> out = t.clone();
+    cuda::relu(out.to_local(), t.where().stream());
+    return out;
+  }
+}
+
+/// An op given a host and a device tensor: a compile error naming to_device / to_host.
+template <element T, sbp_type A, sbp_type B, class MA, class MB>
+requires(detail::different_memory<MA, MB>) void matmul(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&) {
+  (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, A, MA>, global_tensor<T, B, MB>>);
+}
+/// An op given a host and a device tensor: a compile error naming to_device / to_host.
+template <element T, sbp_type A, sbp_type B, class MA, class MB>
+requires(detail::different_memory<MA, MB>) void add(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&) {
+  (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, A, MA>, global_tensor<T, B, MB>>);
+}
+/// An op given a host and a device tensor: a compile error naming to_device / to_host.
+template <element T, sbp_type A, sbp_type B, class MA, class MB>
+requires(detail::different_memory<MA, MB>) void mul(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&) {
+  (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, A, MA>, global_tensor<T, B, MB>>);
+}
+
+}  // namespace flexpar::sbp

@@ -1,0 +1,124 @@
+// lib/cuda/sbp_kernels.cu — flexpar/cuda/sbp.hpp's box copy on device memory. The box is first
+// folded: an axis the box spans whole in both tensors merges with the axis before it, so what is
+// left is rows of `run` contiguous bytes under up to max_axes outer axes. One outer axis (or none)
+// is a cudaMemcpy2DAsync (the copy engines, no kernel); more take a kernel with one row per block.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <flexpar/core/check_cuda.hpp>
+#include <flexpar/core/error.hpp>
+
+#include "launch.cuh"
+
+namespace flexpar::cuda::detail {
+namespace {
+
+constexpr int max_axes = 8;
+
+// The outer axes of a folded box: extents and the byte strides of each in source and destination.
+struct box_rows {
+  int axes = 0;
+  std::size_t extent[max_axes]{};
+  std::size_t src_stride[max_axes]{};
+  std::size_t dst_stride[max_axes]{};
+  std::size_t rows = 1;
+  std::size_t run = 0;  // contiguous bytes of one row
+};
+
+__global__ void copy_rows_kernel(std::byte* dst, const std::byte* src, box_rows b) {
+  for (std::size_t r = blockIdx.x; r < b.rows; r += gridDim.x) {
+    std::size_t rest = r, from = 0, to = 0;
+    for (int a = b.axes - 1; a >= 0; --a) {
+      const std::size_t i = rest % b.extent[a];
+      rest /= b.extent[a];
+      from += i * b.src_stride[a];
+      to += i * b.dst_stride[a];
+    }
+    const std::byte* in = src + from;
+    std::byte* out = dst + to;
+    if (b.run % 4 == 0 && reinterpret_cast<std::uintptr_t>(in) % 4 == 0 &&
+        reinterpret_cast<std::uintptr_t>(out) % 4 == 0) {
+      for (std::size_t i = threadIdx.x; i < b.run / 4; i += blockDim.x)
+        reinterpret_cast<std::uint32_t*>(out)[i] = reinterpret_cast<const std::uint32_t*>(in)[i];
+    } else {
+      for (std::size_t i = threadIdx.x; i < b.run; i += blockDim.x) out[i] = in[i];
+    }
+  }
+}
+
+std::vector<std::size_t> strides_in_bytes(const std::vector<std::size_t>& shape, std::size_t element_bytes) {
+  std::vector<std::size_t> st(shape.size());
+  std::size_t s = element_bytes;
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    st[d] = s;
+    s *= shape[d];
+  }
+  return st;
+}
+
+}  // namespace
+
+void copy_box_bytes(std::size_t element_bytes, const void* src, const std::vector<std::size_t>& src_shape,
+                    const std::vector<std::size_t>& src_at, void* dst, const std::vector<std::size_t>& dst_shape,
+                    const std::vector<std::size_t>& dst_at, const std::vector<std::size_t>& extent, cudaStream_t s) {
+  const std::size_t n = extent.size();
+  if (src_shape.size() != n || dst_shape.size() != n || src_at.size() != n || dst_at.size() != n)
+    throw usage_error("flexpar::cuda::copy_box: the shapes, offsets and extent have different numbers of axes");
+  std::size_t elements = 1;
+  for (std::size_t d = 0; d < n; ++d) {
+    if (src_at[d] + extent[d] > src_shape[d] || dst_at[d] + extent[d] > dst_shape[d])
+      throw usage_error("flexpar::cuda::copy_box: the box leaves the source or destination tensor on axis " +
+                        std::to_string(d));
+    elements *= extent[d];
+  }
+  if (elements == 0) return;
+  const auto ss = strides_in_bytes(src_shape, element_bytes), ds = strides_in_bytes(dst_shape, element_bytes);
+  const std::byte* from = static_cast<const std::byte*>(src);
+  std::byte* to = static_cast<std::byte*>(dst);
+  for (std::size_t d = 0; d < n; ++d) {
+    from += src_at[d] * ss[d];
+    to += dst_at[d] * ds[d];
+  }
+  // Fold: the innermost run grows over axes that are whole in both tensors (then the next axis out is
+  // contiguous with it too); axes of extent 1 drop out.
+  std::size_t run = element_bytes, d = n;
+  while (d > 0) {
+    const std::size_t a = d - 1;
+    if (extent[a] == 1) {
+      --d;
+      continue;
+    }
+    if (ss[a] != run || ds[a] != run) break;  // not contiguous with the run so far
+    run *= extent[a];
+    --d;
+    if (extent[a] != src_shape[a] || extent[a] != dst_shape[a]) break;  // a partial axis ends the run
+  }
+  box_rows b;
+  b.run = run;
+  for (std::size_t a = 0; a < d; ++a) {
+    if (extent[a] == 1) continue;
+    if (b.axes == max_axes) throw usage_error("flexpar::cuda::copy_box: more than 8 strided axes");
+    b.extent[b.axes] = extent[a];
+    b.src_stride[b.axes] = ss[a];
+    b.dst_stride[b.axes] = ds[a];
+    ++b.axes;
+    b.rows *= extent[a];
+  }
+  if (b.axes == 0) {
+    FLEXPAR_CHECK_CUDA(-1, cudaMemcpyAsync(to, from, run, cudaMemcpyDeviceToDevice, s));
+  } else if (b.axes == 1) {
+    FLEXPAR_CHECK_CUDA(
+        -1, cudaMemcpy2DAsync(to, b.dst_stride[0], from, b.src_stride[0], run, b.rows, cudaMemcpyDeviceToDevice, s));
+  } else {
+    const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(b.rows, 65535));
+    copy_rows_kernel<<<grid, block_threads, 0, s>>>(to, from, b);
+    check_launch("flexpar::cuda::copy_box");
+  }
+}
+
+}  // namespace flexpar::cuda::detail
