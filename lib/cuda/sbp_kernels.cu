@@ -1,7 +1,15 @@
-// lib/cuda/sbp_kernels.cu — flexpar/cuda/sbp.hpp's box copy on device memory. The box is first
-// folded: an axis the box spans whole in both tensors merges with the axis before it, so what is
-// left is rows of `run` contiguous bytes under up to max_axes outer axes. One outer axis (or none)
-// is a cudaMemcpy2DAsync (the copy engines, no kernel); more take a kernel with one row per block.
+// lib/cuda/sbp_kernels.cu — flexpar/cuda/sbp.hpp's kernels: the box copy, and the ops that work
+// along one tensor axis (softmax, layer_norm, reduce_sum) or element-wise (gelu).
+//
+// The box is first folded: an axis the box spans whole in both tensors merges with the axis before
+// it, so what is left is rows of `run` contiguous bytes under up to max_axes outer axes. One outer
+// axis (or none) is a cudaMemcpy2DAsync (the copy engines, no kernel); more take a kernel with one
+// row per block.
+//
+// The axis ops see the shard as [outer, rows, inner] (the axis in the middle) and give each of the
+// outer x inner lines one thread, which walks its `rows` elements `inner` apart (neighbouring
+// threads read neighbouring elements when inner > 1). They compute in double and round once, as the
+// host ops do.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -61,7 +69,83 @@ std::vector<std::size_t> strides_in_bytes(const std::vector<std::size_t>& shape,
   return st;
 }
 
+enum class line_op : int { softmax = 0, layer_norm = 1 };
+
+__global__ void along_axis_kernel(float* data, std::size_t outer, std::size_t rows, std::size_t inner, int op,
+                                  double eps) {
+  const std::size_t lines = outer * inner;
+  for (std::size_t l = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; l < lines;
+       l += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    float* x = data + (l / inner) * rows * inner + l % inner;
+    if (op == static_cast<int>(line_op::softmax)) {
+      double hi = -INFINITY, sum = 0;
+      for (std::size_t r = 0; r < rows; ++r) hi = fmax(hi, static_cast<double>(x[r * inner]));
+      for (std::size_t r = 0; r < rows; ++r) sum += exp(static_cast<double>(x[r * inner]) - hi);
+      for (std::size_t r = 0; r < rows; ++r)
+        x[r * inner] = static_cast<float>(exp(static_cast<double>(x[r * inner]) - hi) / sum);
+    } else {
+      double mean = 0, var = 0;
+      for (std::size_t r = 0; r < rows; ++r) mean += static_cast<double>(x[r * inner]);
+      mean /= static_cast<double>(rows);
+      for (std::size_t r = 0; r < rows; ++r) {
+        const double d = static_cast<double>(x[r * inner]) - mean;
+        var += d * d;
+      }
+      const double scale = 1.0 / sqrt(var / static_cast<double>(rows) + eps);
+      for (std::size_t r = 0; r < rows; ++r)
+        x[r * inner] = static_cast<float>((static_cast<double>(x[r * inner]) - mean) * scale);
+    }
+  }
+}
+
+__global__ void sum_axis_kernel(const float* x, float* out, std::size_t outer, std::size_t rows, std::size_t inner) {
+  const std::size_t lines = outer * inner;
+  for (std::size_t l = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; l < lines;
+       l += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float* line = x + (l / inner) * rows * inner + l % inner;
+    float acc = 0;  // the host sums in accumulate_t<float> = float, in row order: the same order here
+    for (std::size_t r = 0; r < rows; ++r) acc += line[r * inner];
+    out[l] = acc;
+  }
+}
+
+__global__ void gelu_kernel(float* x, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const double v = x[i];
+    x[i] = static_cast<float>(0.5 * v * (1.0 + erf(v / sqrt(2.0))));
+  }
+}
+
+unsigned grid_of(std::size_t work) { return grid_for(work, block_threads, 4); }
+
 }  // namespace
+
+void softmax_lines(float* data, std::size_t outer, std::size_t rows, std::size_t inner, cudaStream_t s) {
+  if (outer * rows * inner == 0) return;
+  along_axis_kernel<<<grid_of(outer * inner), block_threads, 0, s>>>(data, outer, rows, inner,
+                                                                     static_cast<int>(line_op::softmax), 0.0);
+  check_launch("flexpar::sbp::softmax (device)");
+}
+
+void layer_norm_lines(float* data, std::size_t outer, std::size_t rows, std::size_t inner, double eps, cudaStream_t s) {
+  if (outer * rows * inner == 0) return;
+  along_axis_kernel<<<grid_of(outer * inner), block_threads, 0, s>>>(data, outer, rows, inner,
+                                                                     static_cast<int>(line_op::layer_norm), eps);
+  check_launch("flexpar::sbp::layer_norm (device)");
+}
+
+void sum_lines(const float* x, float* out, std::size_t outer, std::size_t rows, std::size_t inner, cudaStream_t s) {
+  if (outer * inner == 0) return;
+  sum_axis_kernel<<<grid_of(outer * inner), block_threads, 0, s>>>(x, out, outer, rows, inner);
+  check_launch("flexpar::sbp::reduce_sum (device)");
+}
+
+void gelu_in_place(float* x, std::size_t n, cudaStream_t s) {
+  if (n == 0) return;
+  gelu_kernel<<<grid_of(n), block_threads, 0, s>>>(x, n);
+  check_launch("flexpar::sbp::gelu (device)");
+}
 
 void copy_box_bytes(std::size_t element_bytes, const void* src, const std::vector<std::size_t>& src_shape,
                     const std::vector<std::size_t>& src_at, void* dst, const std::vector<std::size_t>& dst_shape,

@@ -5,6 +5,8 @@
 // integers: exact in f32 and bf16).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -188,6 +190,44 @@ TEST(device_ops, matmul_add_mul_relu_match_the_host_ops) {
           // partial sums add as partial sums: P + P -> P, gathered (reduced) on the host
           const auto pa = to<partial_sum>(to<broadcast>(da)), pb = to<partial_sum>(to<broadcast>(db));
           EXPECT_EQ(to<broadcast>(add(pa, pb)).to_full(), add(ha, hb).to_full());
+        },
+        flexpar::testing_support::with_timeout(120s));
+  }
+}
+
+/// Within float rounding: the host and the device both compute in double and round once; exp and erf
+/// of the two math libraries may differ in the last bit of a double.
+void expect_near_all(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-6f * std::max(1.0f, std::fabs(want[i]))) << what << " i " << i;
+}
+
+TEST(device_ops, gelu_softmax_layer_norm_reduce_sum_match_the_host_ops) {
+  for (int world : {1, 2, 3}) {
+    run_in_process(
+        world,
+        [](communicator& comm) {
+          placement<1> mesh(comm, {comm.size()});
+          cuda::device_placement gpu(mesh, 0);
+          const shape_t shape{5, 7, 3};
+          const auto full = logical<float>(shape, 9);
+          const auto rows = global_tensor<float, split<0>>::from_full(mesh, shape, full);
+          const auto cols = global_tensor<float, split<2>>::from_full(mesh, shape, full);
+          const auto d_rows = to_device(rows, gpu);
+          const auto d_cols = to_device(cols, gpu);
+          expect_near_all(gelu(d_rows).to_full(), gelu(rows).to_full(), "gelu");
+          expect_near_all(softmax<1>(d_rows).to_full(), softmax<1>(rows).to_full(), "softmax<1> of S(0)");
+          expect_near_all(softmax<0>(d_cols).to_full(), softmax<0>(cols).to_full(), "softmax<0> of S(2)");
+          expect_near_all(softmax<2>(d_rows).to_full(), softmax<2>(rows).to_full(), "softmax<2> of S(0)");
+          expect_near_all(layer_norm<2>(d_rows).to_full(), layer_norm<2>(rows).to_full(), "layer_norm<2>");
+          expect_near_all(layer_norm<0>(d_cols, 1e-3).to_full(), layer_norm<0>(cols, 1e-3).to_full(), "layer_norm<0>");
+          // small integers: the sums are exact, in either order
+          EXPECT_EQ(reduce_sum<1>(d_rows).to_full(), reduce_sum<1>(rows).to_full());
+          const auto split_sum = reduce_sum<0>(d_rows);  // over the split axis: P(sum)
+          static_assert(std::is_same_v<std::remove_cvref_t<decltype(split_sum)>::sbp_type, partial_sum>);
+          EXPECT_EQ(split_sum.to_full(), reduce_sum<0>(rows).to_full());
+          EXPECT_THROW((void)softmax<3>(d_rows), usage_error);
         },
         flexpar::testing_support::with_timeout(120s));
   }

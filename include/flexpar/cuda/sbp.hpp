@@ -1,7 +1,8 @@
 // flexpar/cuda/sbp.hpp — SBP global tensors in device memory: global_tensor<T, Sbp, memory::cuda>,
 // boxed by the same overload of to<NewSbp> and the same routes as on the host, each mesh axis's
 // collective on that axis's cuda::device_communicator (NCCL, or CUDA IPC among the ranks of one node,
-// or staged), and matmul (cuBLAS), add, mul and relu on the shards.
+// or staged), and matmul (cuBLAS), add, mul, relu, gelu, softmax, layer_norm and reduce_sum on the
+// shards.
 //
 // Part of flexpar::cuda.
 //
@@ -193,6 +194,16 @@ namespace detail {
 void copy_box_bytes(std::size_t element_bytes, const void* src, const sbp::shape_t& src_shape,
                     const sbp::shape_t& src_at, void* dst, const sbp::shape_t& dst_shape, const sbp::shape_t& dst_at,
                     const sbp::shape_t& extent, cudaStream_t s);
+
+/// The float kernels of the device ops along one tensor axis, on a shard seen as [outer, rows, inner]
+/// (lib/cuda/sbp_kernels.cu; in double, rounded once, as the host ops).
+void softmax_lines(float* data, std::size_t outer, std::size_t rows, std::size_t inner, cudaStream_t s);
+/// See softmax_lines: (x - mean) / sqrt(var + eps) along each line.
+void layer_norm_lines(float* data, std::size_t outer, std::size_t rows, std::size_t inner, double eps, cudaStream_t s);
+/// See softmax_lines: out[o, i] = the sum of line (o, i) in row order (float, as the host).
+void sum_lines(const float* x, float* out, std::size_t outer, std::size_t rows, std::size_t inner, cudaStream_t s);
+/// x Φ(x) element-wise, in place.
+void gelu_in_place(float* x, std::size_t n, cudaStream_t s);
 }  // namespace detail
 
 /// copy_box (sbp/layout.hpp) on device memory: the box `extent` at `src_at` of `src` (shape
@@ -722,6 +733,85 @@ auto relu(const global_tensor<float, A, memory::cuda>& t) {
     global_tensor<float, A, memory::cuda> out = t.clone();
     cuda::relu(out.to_local(), t.where().stream());
     return out;
+  }
+}
+
+namespace detail {
+/// The shard of `t` as [outer, rows, inner] around tensor axis `axis`. @throws usage_error naming `op`
+/// when `axis` is not an axis of the tensor.
+template <sbp_type A>
+around device_lines(const global_tensor<float, A, memory::cuda>& t, int axis, const char* op) {
+  if (static_cast<std::size_t>(axis) >= t.shape().size())
+    throw error_on<usage_error>(t.where().parent().rank(), op, "axis ", axis, " of a tensor of shape ",
+                                to_string(t.shape()));
+  return around(t.local_shape(), static_cast<std::size_t>(axis));
+}
+}  // namespace detail
+
+/// The GELU of a float device tensor (the host signatures: S and B, not P), in double rounded once.
+template <sbp_type A>
+auto gelu(const global_tensor<float, A, memory::cuda>& t) {
+  constexpr nd_signature_result sig = nd_signature(signature::gelu, nd_of<A>::value);
+  if constexpr (!sig.ok) {
+    (void)sizeof(diagnostic::gelu_has_no_signature_for_partial<A>);
+    return;
+  } else {
+    global_tensor<float, A, memory::cuda> out = t.clone();
+    cuda::detail::gelu_in_place(out.to_local().data(), out.to_local().size(), t.where().stream());
+    return out;
+  }
+}
+
+/// Softmax over tensor axis Axis of a float device tensor (the axis whole on every rank, as on the host).
+template <int Axis, sbp_type A>
+auto softmax(const global_tensor<float, A, memory::cuda>& t) {
+  constexpr nd_signature_result sig =
+      nd_signature([](const parallel& p) { return signature::softmax(p, Axis); }, nd_of<A>::value);
+  if constexpr (!sig.ok) {
+    (void)sizeof(diagnostic::softmax_has_no_signature<A, Axis>);
+    return;
+  } else {
+    const detail::around v = detail::device_lines(t, Axis, "softmax");
+    global_tensor<float, A, memory::cuda> out = t.clone();
+    cuda::detail::softmax_lines(out.to_local().data(), v.outer, v.rows, v.inner, t.where().stream());
+    return out;
+  }
+}
+
+/// Layer normalization over tensor axis Axis of a float device tensor (as the host's layer_norm).
+template <int Axis, sbp_type A>
+auto layer_norm(const global_tensor<float, A, memory::cuda>& t, double eps = 1e-5) {
+  constexpr nd_signature_result sig =
+      nd_signature([](const parallel& p) { return signature::layer_norm(p, Axis); }, nd_of<A>::value);
+  if constexpr (!sig.ok) {
+    (void)sizeof(diagnostic::layer_norm_has_no_signature<A, Axis>);
+    return;
+  } else {
+    const detail::around v = detail::device_lines(t, Axis, "layer_norm");
+    global_tensor<float, A, memory::cuda> out = t.clone();
+    cuda::detail::layer_norm_lines(out.to_local().data(), v.outer, v.rows, v.inner, eps, t.where().stream());
+    return out;
+  }
+}
+
+/// Sum over tensor axis Axis of a float device tensor, which is removed; over a split axis the result
+/// is P(sum) (the host signatures).
+template <int Axis, sbp_type A>
+auto reduce_sum(const global_tensor<float, A, memory::cuda>& t) {
+  constexpr nd_signature_result sig =
+      nd_signature([](const parallel& p) { return signature::reduce_sum(p, Axis); }, nd_of<A>::value);
+  if constexpr (!sig.ok) {
+    (void)sizeof(diagnostic::reduce_sum_has_no_signature<A, Axis>);
+    return;
+  } else {
+    using result = global_tensor<float, detail::sbp_type_of<sig.out, one_axis_sbp<A>>, memory::cuda>;
+    const detail::around v = detail::device_lines(t, Axis, "reduce_sum");
+    shape_t out_shape = t.shape();
+    out_shape.erase(out_shape.begin() + Axis);
+    if (!t.where().contains_me()) return result::adopt(t.where(), out_shape, {});
+    cuda::device_shard<float> out = result::acquire(t.where(), v.outer * v.inner);
+    cuda::detail::sum_lines(t.to_local().data(), out.span().data(), v.outer, v.rows, v.inner, t.where().stream());
+    return result::adopt(t.where(), out_shape, std::move(out));
   }
 }
 
