@@ -135,6 +135,20 @@ TEST(device_tensor, round_trips_through_the_host_and_names_a_foreign_placement) 
       flexpar::testing_support::with_timeout(60s));
 }
 
+/// Runs `body(mesh, gpu)` on `world` thread ranks sharing GPU 0: a 1-D mesh of every rank and its
+/// device side.
+template <class Body>
+void on_one_gpu(int world, Body body) {
+  run_in_process(
+      world,
+      [&](communicator& comm) {
+        placement<1> mesh(comm, {comm.size()});
+        cuda::device_placement gpu(mesh, 0);
+        body(mesh, gpu);
+      },
+      flexpar::testing_support::with_timeout(std::chrono::seconds(120)));
+}
+
 template <class T, class A, class B>
 void check_matmul(const cuda::device_placement<1>& gpu, const shape_t& sa, const shape_t& sb, int salt) {
   // integers in [-2, 2]: every product, partial sum and sum (|x| <= 36) is exact in f32 and in bf16
@@ -162,37 +176,31 @@ void check_matmul(const cuda::device_placement<1>& gpu, const shape_t& sa, const
 }
 
 TEST(device_ops, matmul_add_mul_relu_match_the_host_ops) {
-  for (int world : {1, 2, 3}) {
-    run_in_process(
-        world,
-        [](communicator& comm) {
-          placement<1> mesh(comm, {comm.size()});
-          cuda::device_placement gpu(mesh, 0);
-          for (const auto& [sa, sb] : {std::pair{shape_t{7, 5}, shape_t{5, 4}}, std::pair{shape_t{4, 9}, shape_t{9, 6}},
-                                       std::pair{shape_t{3, 0}, shape_t{0, 2}}}) {
-            check_matmul<float, split<0>, broadcast>(gpu, sa, sb, 1);
-            check_matmul<float, broadcast, split<1>>(gpu, sa, sb, 2);
-            check_matmul<float, split<1>, split<0>>(gpu, sa, sb, 3);
-            check_matmul<bfloat16, split<0>, broadcast>(gpu, sa, sb, 4);
-            check_matmul<bfloat16, split<1>, split<0>>(gpu, sa, sb, 5);
-          }
-          const shape_t shape{6, 5};
-          const auto fa = logical<float>(shape, 7), fb = logical<float>(shape, 8);
-          const auto ha = global_tensor<float, split<0>>::from_full(mesh, shape, fa);
-          const auto hb = global_tensor<float, split<0>>::from_full(mesh, shape, fb);
-          const auto da = to_device(ha, gpu), db = to_device(hb, gpu);
-          EXPECT_EQ(add(da, db).to_full(), add(ha, hb).to_full());
-          EXPECT_EQ(mul(da, db).to_full(), mul(ha, hb).to_full());
-          EXPECT_EQ(relu(da).to_full(), relu(ha).to_full());
-          // (P, B) -> P: a partial tensor times a whole one
-          const auto whole = to<broadcast>(db);
-          EXPECT_EQ(to<broadcast>(mul(to<partial_sum>(to<broadcast>(da)), whole)).to_full(), mul(ha, hb).to_full());
-          // partial sums add as partial sums: P + P -> P, gathered (reduced) on the host
-          const auto pa = to<partial_sum>(to<broadcast>(da)), pb = to<partial_sum>(to<broadcast>(db));
-          EXPECT_EQ(to<broadcast>(add(pa, pb)).to_full(), add(ha, hb).to_full());
-        },
-        flexpar::testing_support::with_timeout(120s));
-  }
+  for (int world : {1, 2, 3})
+    on_one_gpu(world, [](const placement<1>& mesh, const cuda::device_placement<1>& gpu) {
+      for (const auto& [sa, sb] : {std::pair{shape_t{7, 5}, shape_t{5, 4}}, std::pair{shape_t{4, 9}, shape_t{9, 6}},
+                                   std::pair{shape_t{3, 0}, shape_t{0, 2}}}) {
+        check_matmul<float, split<0>, broadcast>(gpu, sa, sb, 1);
+        check_matmul<float, broadcast, split<1>>(gpu, sa, sb, 2);
+        check_matmul<float, split<1>, split<0>>(gpu, sa, sb, 3);
+        check_matmul<bfloat16, split<0>, broadcast>(gpu, sa, sb, 4);
+        check_matmul<bfloat16, split<1>, split<0>>(gpu, sa, sb, 5);
+      }
+      const shape_t shape{6, 5};
+      const auto fa = logical<float>(shape, 7), fb = logical<float>(shape, 8);
+      const auto ha = global_tensor<float, split<0>>::from_full(mesh, shape, fa);
+      const auto hb = global_tensor<float, split<0>>::from_full(mesh, shape, fb);
+      const auto da = to_device(ha, gpu), db = to_device(hb, gpu);
+      EXPECT_EQ(add(da, db).to_full(), add(ha, hb).to_full());
+      EXPECT_EQ(mul(da, db).to_full(), mul(ha, hb).to_full());
+      EXPECT_EQ(relu(da).to_full(), relu(ha).to_full());
+      // (P, B) -> P: a partial tensor times a whole one
+      const auto whole = to<broadcast>(db);
+      EXPECT_EQ(to<broadcast>(mul(to<partial_sum>(to<broadcast>(da)), whole)).to_full(), mul(ha, hb).to_full());
+      // partial sums add as partial sums: P + P -> P, gathered (reduced) on the host
+      const auto pa = to<partial_sum>(to<broadcast>(da)), pb = to<partial_sum>(to<broadcast>(db));
+      EXPECT_EQ(to<broadcast>(add(pa, pb)).to_full(), add(ha, hb).to_full());
+    });
 }
 
 /// Within float rounding: the host and the device both compute in double and round once; exp and erf
@@ -204,33 +212,27 @@ void expect_near_all(const std::vector<float>& got, const std::vector<float>& wa
 }
 
 TEST(device_ops, gelu_softmax_layer_norm_reduce_sum_match_the_host_ops) {
-  for (int world : {1, 2, 3}) {
-    run_in_process(
-        world,
-        [](communicator& comm) {
-          placement<1> mesh(comm, {comm.size()});
-          cuda::device_placement gpu(mesh, 0);
-          const shape_t shape{5, 7, 3};
-          const auto full = logical<float>(shape, 9);
-          const auto rows = global_tensor<float, split<0>>::from_full(mesh, shape, full);
-          const auto cols = global_tensor<float, split<2>>::from_full(mesh, shape, full);
-          const auto d_rows = to_device(rows, gpu);
-          const auto d_cols = to_device(cols, gpu);
-          expect_near_all(gelu(d_rows).to_full(), gelu(rows).to_full(), "gelu");
-          expect_near_all(softmax<1>(d_rows).to_full(), softmax<1>(rows).to_full(), "softmax<1> of S(0)");
-          expect_near_all(softmax<0>(d_cols).to_full(), softmax<0>(cols).to_full(), "softmax<0> of S(2)");
-          expect_near_all(softmax<2>(d_rows).to_full(), softmax<2>(rows).to_full(), "softmax<2> of S(0)");
-          expect_near_all(layer_norm<2>(d_rows).to_full(), layer_norm<2>(rows).to_full(), "layer_norm<2>");
-          expect_near_all(layer_norm<0>(d_cols, 1e-3).to_full(), layer_norm<0>(cols, 1e-3).to_full(), "layer_norm<0>");
-          // small integers: the sums are exact, in either order
-          EXPECT_EQ(reduce_sum<1>(d_rows).to_full(), reduce_sum<1>(rows).to_full());
-          const auto split_sum = reduce_sum<0>(d_rows);  // over the split axis: P(sum)
-          static_assert(std::is_same_v<std::remove_cvref_t<decltype(split_sum)>::sbp_type, partial_sum>);
-          EXPECT_EQ(split_sum.to_full(), reduce_sum<0>(rows).to_full());
-          EXPECT_THROW((void)softmax<3>(d_rows), usage_error);
-        },
-        flexpar::testing_support::with_timeout(120s));
-  }
+  for (int world : {1, 2, 3})
+    on_one_gpu(world, [](const placement<1>& mesh, const cuda::device_placement<1>& gpu) {
+      const shape_t shape{5, 7, 3};
+      const auto full = logical<float>(shape, 9);
+      const auto rows = global_tensor<float, split<0>>::from_full(mesh, shape, full);
+      const auto cols = global_tensor<float, split<2>>::from_full(mesh, shape, full);
+      const auto d_rows = to_device(rows, gpu);
+      const auto d_cols = to_device(cols, gpu);
+      expect_near_all(gelu(d_rows).to_full(), gelu(rows).to_full(), "gelu");
+      expect_near_all(softmax<1>(d_rows).to_full(), softmax<1>(rows).to_full(), "softmax<1> of S(0)");
+      expect_near_all(softmax<0>(d_cols).to_full(), softmax<0>(cols).to_full(), "softmax<0> of S(2)");
+      expect_near_all(softmax<2>(d_rows).to_full(), softmax<2>(rows).to_full(), "softmax<2> of S(0)");
+      expect_near_all(layer_norm<2>(d_rows).to_full(), layer_norm<2>(rows).to_full(), "layer_norm<2>");
+      expect_near_all(layer_norm<0>(d_cols, 1e-3).to_full(), layer_norm<0>(cols, 1e-3).to_full(), "layer_norm<0>");
+      // small integers: the sums are exact, in either order
+      EXPECT_EQ(reduce_sum<1>(d_rows).to_full(), reduce_sum<1>(rows).to_full());
+      const auto split_sum = reduce_sum<0>(d_rows);  // over the split axis: P(sum)
+      static_assert(std::is_same_v<std::remove_cvref_t<decltype(split_sum)>::sbp_type, partial_sum>);
+      EXPECT_EQ(split_sum.to_full(), reduce_sum<0>(rows).to_full());
+      EXPECT_THROW((void)softmax<3>(d_rows), usage_error);
+    });
 }
 
 }  // namespace
