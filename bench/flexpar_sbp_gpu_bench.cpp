@@ -11,7 +11,9 @@
 // barrier, the boxing, a wait for the placement's stream: the median of the slowest rank. "vs bare" is
 // the boxing's time over the collective's. Every boxing's result is checked once against the logical
 // tensor (small integers, exact): a wrong element ends the run with exit status 1. Exit 77 without a
-// device.
+// device. --sync events,host runs the boxing table once per way the ipc path's steps wait for each
+// other (device_options::ipc_sync_mode). The pack table times the layout change of S(0) -> S(1) alone:
+// the library's copy_box next to the copy engines' 2-D copy and a plain copy of the same bytes.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -84,6 +86,11 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("-n,--iters", iterations, "timed iterations per row")->capture_default_str();
     app.add_option("-w,--warmup", warmup, "untimed iterations first")->capture_default_str();
+    std::vector<std::string> syncs{"events"};
+    app.add_option("--sync", syncs, "how the ipc path's steps wait for each other: events, host (comma-separated)")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"events", "host"}))
+        ->capture_default_str();
     app.add_option("--gemm", gemm, "m = n = k of the local GEMM of the matmul rows (0: none)")->capture_default_str();
     int world_rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
@@ -100,49 +107,92 @@ int main(int argc, char** argv) {
     fs::placement<1> mesh(comm, {p});
     fc::device_placement gpu(mesh, device);
     bool ok = true;
-
-    if (me == 0)
-      std::printf("# %d ranks, GPU %d; medians of %d iterations, slowest rank\n%-14s %10s %12s %12s %9s\n", p, device,
-                  iterations, "boxing", "MiB", "boxing ms", "bare ms", "vs bare");
-    std::size_t start = 0;
-    while (start <= sizes_text.size()) {
+    std::vector<std::size_t> sizes;
+    for (std::size_t start = 0; start <= sizes_text.size();) {
       const std::size_t comma = std::min(sizes_text.find(',', start), sizes_text.size());
       const std::string item = sizes_text.substr(start, comma - start);
       start = comma + 1;
-      if (item.empty()) continue;
-      const std::size_t bytes = flexpar::bench::parse_size(item);
-      const std::size_t cols = 1024, rows = std::max<std::size_t>(bytes / sizeof(float) / cols / p, 1) * p;
-      const fs::shape_t shape{rows, cols};
-      const std::size_t n = rows * cols;
-      const std::vector<float> full = logical(n);
-      fc::device_communicator& bare = gpu.axis(0);  // the boxing's own communicator
+      if (!item.empty()) sizes.push_back(flexpar::bench::parse_size(item));
+    }
+
+    for (const std::string& mode : syncs) {
+      // the placement whose device communicator syncs the ipc path's steps this way (boxing and bare alike)
+      fc::device_options options;
+      options.ipc_sync_mode = mode == "host" ? fc::ipc_sync::host : fc::ipc_sync::events;
+      fc::device_placement synced(mesh, device, options);
+      if (me == 0)
+        std::printf(
+            "# %d ranks, GPU %d, ipc sync %s; medians of %d iterations, slowest rank\n%-14s %10s %12s %12s %9s\n", p,
+            device, mode.c_str(), iterations, "boxing", "MiB", "boxing ms", "bare ms", "vs bare");
+      for (const std::size_t bytes : sizes) {
+        const std::size_t cols = 1024, rows = std::max<std::size_t>(bytes / sizeof(float) / cols / p, 1) * p;
+        const fs::shape_t shape{rows, cols};
+        const std::size_t n = rows * cols;
+        const std::vector<float> full = logical(n);
+        fc::device_communicator& bare = synced.axis(0);  // the boxing's own communicator
+        fc::device_buffer<float> a(n), b(n);
+        auto bare_time = [&](auto op) {
+          return time_it(
+              synced, iterations, warmup, [] { return 0; }, [&](int) { op(); });
+        };
+        const cudaStream_t s = synced.stream();
+        struct row {
+          const char* name;
+          double boxing, bare;
+        };
+        const row rows_out[] = {
+            {"P -> B", time_boxing<fs::partial_sum, fs::broadcast>(synced, shape, full, iterations, warmup, ok),
+             bare_time([&] { bare.allreduce(a.span(), reduce_op::sum, s); })},
+            {"P -> S(0)", time_boxing<fs::partial_sum, fs::split<0>>(synced, shape, full, iterations, warmup, ok),
+             bare_time([&] {
+               bare.reduce_scatter(fc::device_span<const float>(a.span()), b.span().first(n / p), reduce_op::sum, s);
+             })},
+            {"S(0) -> B", time_boxing<fs::split<0>, fs::broadcast>(synced, shape, full, iterations, warmup, ok),
+             bare_time([&] { bare.allgather(fc::device_span<const float>(a.span().first(n / p)), b.span(), s); })},
+            {"S(0) -> S(1)", time_boxing<fs::split<0>, fs::split<1>>(synced, shape, full, iterations, warmup, ok),
+             bare_time([&] {
+               bare.alltoall(fc::device_span<const float>(a.span().first(n / p)), b.span().first(n / p), s);
+             })},
+        };
+        if (me == 0)
+          for (const row& r : rows_out)
+            std::printf("%-14s %10.1f %12.3f %12.3f %9.3f\n", r.name,
+                        static_cast<double>(n * sizeof(float)) / (1 << 20), r.boxing * 1e3, r.bare * 1e3,
+                        r.boxing / r.bare);
+      }
+    }
+
+    // The pack of S(0) -> S(1) alone (no communication, every rank at once): my rows [rows / p, cols]
+    // cut into p column blocks laid one after another, by the library's copy_box, by the copy engines'
+    // 2-D copy of the same boxes, and a plain copy of the same bytes (the floor).
+    if (me == 0) std::printf("\n%-14s %10s %12s %12s %12s\n", "pack", "MiB", "copy_box ms", "memcpy2D ms", "memcpy ms");
+    for (const std::size_t bytes : sizes) {
+      const std::size_t cols = 1024, rows = std::max<std::size_t>(bytes / sizeof(float) / cols / p, 1);  // mine
+      const std::size_t n = rows * cols, w = cols / static_cast<std::size_t>(p);
       fc::device_buffer<float> a(n), b(n);
-      auto bare_time = [&](auto op) {
+      const cudaStream_t s = gpu.stream();
+      auto local_time = [&](auto op) {
         return time_it(
             gpu, iterations, warmup, [] { return 0; }, [&](int) { op(); });
       };
-      const cudaStream_t s = gpu.stream();
-      struct row {
-        const char* name;
-        double boxing, bare;
-      };
-      const row rows_out[] = {
-          {"P -> B", time_boxing<fs::partial_sum, fs::broadcast>(gpu, shape, full, iterations, warmup, ok),
-           bare_time([&] { bare.allreduce(a.span(), reduce_op::sum, s); })},
-          {"P -> S(0)", time_boxing<fs::partial_sum, fs::split<0>>(gpu, shape, full, iterations, warmup, ok),
-           bare_time([&] {
-             bare.reduce_scatter(fc::device_span<const float>(a.span()), b.span().first(n / p), reduce_op::sum, s);
-           })},
-          {"S(0) -> B", time_boxing<fs::split<0>, fs::broadcast>(gpu, shape, full, iterations, warmup, ok),
-           bare_time([&] { bare.allgather(fc::device_span<const float>(a.span().first(n / p)), b.span(), s); })},
-          {"S(0) -> S(1)", time_boxing<fs::split<0>, fs::split<1>>(gpu, shape, full, iterations, warmup, ok),
-           bare_time(
-               [&] { bare.alltoall(fc::device_span<const float>(a.span().first(n / p)), b.span().first(n / p), s); })},
-      };
+      const double library = local_time([&] {
+        for (std::size_t k = 0; k < static_cast<std::size_t>(p); ++k)
+          fc::copy_box<float>(fc::device_span<const float>(a.span()), {rows, cols}, {0, k * w},
+                              b.span().subspan(k * rows * w, rows * w), {rows, w}, {0, 0}, {rows, w}, s);
+      });
+      const double engines = local_time([&] {
+        for (std::size_t k = 0; k < static_cast<std::size_t>(p); ++k)
+          FLEXPAR_CHECK_CUDA(
+              me, cudaMemcpy2DAsync(b.data() + k * rows * w, w * sizeof(float), a.data() + k * w, cols * sizeof(float),
+                                    w * sizeof(float), rows, cudaMemcpyDeviceToDevice, s));
+      });
+      const double plain = local_time([&] {
+        FLEXPAR_CHECK_CUDA(me, cudaMemcpyAsync(b.data(), a.data(), n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+      });
       if (me == 0)
-        for (const row& r : rows_out)
-          std::printf("%-14s %10.1f %12.3f %12.3f %9.3f\n", r.name, static_cast<double>(n * sizeof(float)) / (1 << 20),
-                      r.boxing * 1e3, r.bare * 1e3, r.boxing / r.bare);
+        std::printf("%-14s %10.1f %12.3f %12.3f %12.3f\n", "S(0) -> S(1)",
+                    static_cast<double>(n * sizeof(float) * static_cast<std::size_t>(p)) / (1 << 20), library * 1e3,
+                    engines * 1e3, plain * 1e3);
     }
 
     if (gemm > 0) {

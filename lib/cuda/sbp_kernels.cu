@@ -1,10 +1,11 @@
 // lib/cuda/sbp_kernels.cu — flexpar/cuda/sbp.hpp's kernels: the box copy, and the ops that work
-// along one tensor axis (softmax, layer_norm, reduce_sum) or element-wise (gelu).
+// along one tensor axis (softmax, layer_norm, reduce_sum) or element-wise (gelu), and embedding's lookup.
 //
 // The box is first folded: an axis the box spans whole in both tensors merges with the axis before
-// it, so what is left is rows of `run` contiguous bytes under up to max_axes outer axes. One outer
-// axis (or none) is a cudaMemcpy2DAsync (the copy engines, no kernel); more take a kernel with one
-// row per block.
+// it, so what is left is rows of `run` contiguous bytes under up to max_axes outer axes. No outer
+// axis is one cudaMemcpyAsync; otherwise one kernel copies the box in chunks of the widest of 16, 8,
+// 4 or 1 bytes that divides the run, the strides and both addresses, a thread per chunk (grid-stride):
+// the copy engines' 2-D copy is far slower on the narrow rows a split inner axis makes.
 //
 // The axis ops see the shard as [outer, rows, inner] (the axis in the middle) and give each of the
 // outer x inner lines one thread, which walks its `rows` elements `inner` apart (neighbouring
@@ -38,25 +39,36 @@ struct box_rows {
   std::size_t run = 0;  // contiguous bytes of one row
 };
 
-__global__ void copy_rows_kernel(std::byte* dst, const std::byte* src, box_rows b) {
-  for (std::size_t r = blockIdx.x; r < b.rows; r += gridDim.x) {
-    std::size_t rest = r, from = 0, to = 0;
+// Chunk i of the box: row i / per_row (its outer indices give the two offsets), chunk i % per_row of
+// the row. Index is 32-bit where the box allows it (the divisions are the kernel's only arithmetic).
+template <class Chunk, class Index>
+__global__ void copy_chunks_kernel(std::byte* dst, const std::byte* src, box_rows b, Index per_row, Index chunks) {
+  for (Index i = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    Index row = i / per_row;
+    const Index c = i - row * per_row;
+    std::size_t from = 0, to = 0;
     for (int a = b.axes - 1; a >= 0; --a) {
-      const std::size_t i = rest % b.extent[a];
-      rest /= b.extent[a];
-      from += i * b.src_stride[a];
-      to += i * b.dst_stride[a];
+      const Index extent = static_cast<Index>(b.extent[a]);
+      const Index k = a == 0 ? row : row % extent;
+      row = a == 0 ? 0 : row / extent;
+      from += k * b.src_stride[a];
+      to += k * b.dst_stride[a];
     }
-    const std::byte* in = src + from;
-    std::byte* out = dst + to;
-    if (b.run % 4 == 0 && reinterpret_cast<std::uintptr_t>(in) % 4 == 0 &&
-        reinterpret_cast<std::uintptr_t>(out) % 4 == 0) {
-      for (std::size_t i = threadIdx.x; i < b.run / 4; i += blockDim.x)
-        reinterpret_cast<std::uint32_t*>(out)[i] = reinterpret_cast<const std::uint32_t*>(in)[i];
-    } else {
-      for (std::size_t i = threadIdx.x; i < b.run; i += blockDim.x) out[i] = in[i];
-    }
+    reinterpret_cast<Chunk*>(dst + to)[c] = reinterpret_cast<const Chunk*>(src + from)[c];
   }
+}
+
+template <class Chunk>
+void launch_copy_chunks(std::byte* dst, const std::byte* src, const box_rows& b, cudaStream_t s) {
+  const std::size_t per_row = b.run / sizeof(Chunk), chunks = per_row * b.rows;
+  const unsigned grid = grid_for(chunks, block_threads, 8);
+  if (chunks < (std::size_t{1} << 31))  // i + the grid's stride stays below 2^32: no wrap-around
+    copy_chunks_kernel<Chunk, unsigned>
+        <<<grid, block_threads, 0, s>>>(dst, src, b, static_cast<unsigned>(per_row), static_cast<unsigned>(chunks));
+  else
+    copy_chunks_kernel<Chunk, std::size_t><<<grid, block_threads, 0, s>>>(dst, src, b, per_row, chunks);
+  check_launch("flexpar::cuda::copy_box");
 }
 
 std::vector<std::size_t> strides_in_bytes(const std::vector<std::size_t>& shape, std::size_t element_bytes) {
@@ -115,6 +127,35 @@ __global__ void gelu_kernel(float* x, std::size_t n) {
     const double v = x[i];
     x[i] = static_cast<float>(0.5 * v * (1.0 + erf(v / sqrt(2.0))));
   }
+}
+
+// One thread per element of the output: element c of row i (Word: the element's bytes). A row of no
+// columns (a rank's empty share of D) still has a thread, which checks the id.
+template <class Word>
+__global__ void embedding_kernel(const Word* w, const std::int64_t* ids, Word* out, std::size_t n, std::size_t cols,
+                                 std::int64_t lo, std::int64_t rows, std::int64_t vocab,
+                                 unsigned long long* first_bad) {
+  const std::size_t width = cols == 0 ? 1 : cols;
+  for (std::size_t e = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; e < n * width;
+       e += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t i = e / width, c = e - i * width;
+    const std::int64_t id = ids[i];
+    const bool bad = id < 0 || id >= vocab;
+    if (bad && c == 0) atomicMin(first_bad, static_cast<unsigned long long>(i));
+    if (c >= cols) continue;
+    // another rank's row (or a bad id): zero; the P(sum) layouts add the ranks' lookups
+    out[i * cols + c] = !bad && id >= lo && id < lo + rows ? w[static_cast<std::size_t>(id - lo) * cols + c] : Word{};
+  }
+}
+
+template <class Word>
+void launch_embedding(const void* w, const std::int64_t* ids, void* out, std::size_t n, std::size_t cols,
+                      std::int64_t lo, std::int64_t rows, std::int64_t vocab, unsigned long long* first_bad,
+                      cudaStream_t s) {
+  if (n == 0) return;
+  embedding_kernel<Word><<<grid_for(n * std::max<std::size_t>(cols, 1), block_threads, 8), block_threads, 0, s>>>(
+      static_cast<const Word*>(w), ids, static_cast<Word*>(out), n, cols, lo, rows, vocab, first_bad);
+  check_launch("flexpar::sbp::embedding (device)");
 }
 
 unsigned grid_of(std::size_t work) { return grid_for(work, block_threads, 4); }
@@ -195,13 +236,33 @@ void copy_box_bytes(std::size_t element_bytes, const void* src, const std::vecto
   }
   if (b.axes == 0) {
     FLEXPAR_CHECK_CUDA(-1, cudaMemcpyAsync(to, from, run, cudaMemcpyDeviceToDevice, s));
-  } else if (b.axes == 1) {
-    FLEXPAR_CHECK_CUDA(
-        -1, cudaMemcpy2DAsync(to, b.dst_stride[0], from, b.src_stride[0], run, b.rows, cudaMemcpyDeviceToDevice, s));
-  } else {
-    const unsigned grid = static_cast<unsigned>(std::min<std::size_t>(b.rows, 65535));
-    copy_rows_kernel<<<grid, block_threads, 0, s>>>(to, from, b);
-    check_launch("flexpar::cuda::copy_box");
+    return;
+  }
+  // the widest chunk that divides the run, every stride and both addresses
+  std::size_t common = b.run | reinterpret_cast<std::uintptr_t>(from) | reinterpret_cast<std::uintptr_t>(to);
+  for (int a = 0; a < b.axes; ++a) common |= b.src_stride[a] | b.dst_stride[a];
+  if (common % 16 == 0)
+    launch_copy_chunks<uint4>(to, from, b, s);
+  else if (common % 8 == 0)
+    launch_copy_chunks<std::uint64_t>(to, from, b, s);
+  else if (common % 4 == 0)
+    launch_copy_chunks<std::uint32_t>(to, from, b, s);
+  else
+    launch_copy_chunks<std::uint8_t>(to, from, b, s);
+}
+
+void embedding_rows(std::size_t element_bytes, const void* w, const std::int64_t* ids, void* out, std::size_t n,
+                    std::size_t cols, std::int64_t lo, std::int64_t rows, std::int64_t vocab,
+                    unsigned long long* first_bad, cudaStream_t s) {
+  FLEXPAR_CHECK_CUDA(-1, cudaMemsetAsync(first_bad, 0xff, sizeof(unsigned long long), s));
+  switch (element_bytes) {
+    case 1: return launch_embedding<std::uint8_t>(w, ids, out, n, cols, lo, rows, vocab, first_bad, s);
+    case 2: return launch_embedding<std::uint16_t>(w, ids, out, n, cols, lo, rows, vocab, first_bad, s);
+    case 4: return launch_embedding<std::uint32_t>(w, ids, out, n, cols, lo, rows, vocab, first_bad, s);
+    case 8: return launch_embedding<std::uint64_t>(w, ids, out, n, cols, lo, rows, vocab, first_bad, s);
+    default:
+      throw usage_error("flexpar::sbp::embedding (device): elements of " + std::to_string(element_bytes) +
+                        " bytes; it copies elements of 1, 2, 4 or 8 bytes");
   }
 }
 

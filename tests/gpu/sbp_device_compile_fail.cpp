@@ -12,7 +12,9 @@ void program(const placement<1>& mesh, const fc::device_placement<1>& gpu) {
   auto ok1 = matmul(to_device(rows, gpu), whole);                                // (S(0), B) -> S(0) on the GPU
   auto ok2 = add(to_host(whole), to_host(to<broadcast>(to_device(rows, gpu))));  // both on the host
   auto ok3 = relu(to<split<1>>(whole));
-  (void)ok1, (void)ok2, (void)ok3;
+  auto ids = global_tensor<std::int64_t, split<0>>::from_full(mesh, {3}, std::vector<std::int64_t>(3));
+  auto ok4 = embedding(whole, to_device(ids, gpu));  // (B, S(0)) -> S(0) on the GPU
+  (void)ok1, (void)ok2, (void)ok3, (void)ok4;
 #elif FLEXPAR_CASE == 1  // a host and a device operand
   auto bad = matmul(rows, whole);
   (void)bad;
@@ -22,6 +24,10 @@ void program(const placement<1>& mesh, const fc::device_placement<1>& gpu) {
 #elif FLEXPAR_CASE == 3  // cuBLAS is called in f32 or bf16
   auto d = global_tensor<double, broadcast, flexpar::memory::cuda>::from_full(gpu, {2, 2}, std::vector<double>(4));
   auto bad = matmul(d, d);
+  (void)bad;
+#elif FLEXPAR_CASE == 4  // a device weight and host ids
+  auto ids = global_tensor<std::int64_t, split<0>>::from_full(mesh, {3}, std::vector<std::int64_t>(3));
+  auto bad = embedding(whole, ids);
   (void)bad;
 #endif
 }

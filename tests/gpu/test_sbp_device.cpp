@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -103,6 +105,61 @@ TEST(device_boxing, identity_allocates_and_copies_nothing) {
         EXPECT_EQ(after.reuses, before.reuses);
       },
       flexpar::testing_support::with_timeout(60s));
+}
+
+/// cuda::copy_box against the host copy_box on the same boxes: the destination starts as a pattern
+/// (what the box does not cover must stay), element sizes 1, 2, 4, 8 and 16 bytes, offsets that make
+/// every chunk width (1 ... 16 bytes) the widest that divides run, strides and addresses.
+template <class T>
+void check_copy_box(const shape_t& src_shape, const shape_t& src_at, const shape_t& dst_shape, const shape_t& dst_at,
+                    const shape_t& extent, cudaStream_t s) {
+  std::vector<T> src(elements_of(src_shape)), dst(elements_of(dst_shape));
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<T>(i % 251 + 1);
+  for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = static_cast<T>(i % 7 + 300);
+  const auto d_src = cuda::to_device(std::span<const T>(src), s);
+  auto d_dst = cuda::to_device(std::span<const T>(dst), s);
+  cuda::copy_box<T>(cuda::device_span<const T>(d_src.span()), src_shape, src_at, d_dst.span(), dst_shape, dst_at,
+                    extent, s);
+  copy_box<T>(src, src_shape, src_at, std::span<T>(dst), dst_shape, dst_at, extent);
+  EXPECT_EQ(cuda::to_host(cuda::device_span<const T>(d_dst.span()), s, std::chrono::seconds(30), "copy_box"), dst)
+      << sizeof(T) << "-byte elements, box " << to_string(extent) << " at " << to_string(src_at) << " of "
+      << to_string(src_shape) << " to " << to_string(dst_at) << " of " << to_string(dst_shape);
+}
+
+template <class T>
+void check_copy_boxes(cudaStream_t s) {
+  // (src shape, src offset, dst shape, dst offset, extent)
+  const std::vector<std::array<shape_t, 5>> cases = {
+      {shape_t{37}, {5}, {40}, {1}, {30}},                               // one run (cudaMemcpyAsync)
+      {shape_t{8, 64}, {0, 16}, {8, 32}, {0, 0}, {8, 32}},               // a split inner axis: aligned rows
+      {shape_t{8, 64}, {1, 3}, {9, 33}, {2, 1}, {5, 29}},                // odd offsets and widths
+      {shape_t{6, 10}, {0, 0}, {6, 10}, {0, 0}, {6, 10}},                // whole: folds to one run
+      {shape_t{3, 7, 10}, {1, 2, 4}, {4, 8, 12}, {0, 1, 2}, {2, 5, 6}},  // two outer axes
+      {shape_t{4, 6, 8}, {0, 0, 4}, {4, 6, 4}, {0, 0, 0}, {4, 6, 4}},    // S(2) block of a 3-D tensor
+      {shape_t{2, 3, 4, 6}, {1, 0, 1, 2}, {1, 3, 4, 4}, {0, 0, 0, 1}, {1, 3, 3, 3}},
+      {shape_t{4, 1, 5, 3, 2}, {1, 0, 2, 0, 0}, {3, 1, 3, 3, 2}, {0, 0, 0, 0, 0}, {3, 1, 3, 3, 2}},
+      {shape_t{5, 0, 3}, {0, 0, 0}, {5, 0, 3}, {0, 0, 0}, {5, 0, 3}},  // empty
+      {shape_t{}, {}, {}, {}, {}},                                     // a scalar
+  };
+  for (const auto& c : cases) check_copy_box<T>(c[0], c[1], c[2], c[3], c[4], s);
+}
+
+struct sixteen_bytes {
+  std::uint64_t lo = 0, hi = 0;
+  sixteen_bytes() = default;
+  explicit sixteen_bytes(std::size_t v) : lo(v), hi(~v) {}
+  friend bool operator==(const sixteen_bytes&, const sixteen_bytes&) = default;
+  friend std::ostream& operator<<(std::ostream& o, const sixteen_bytes& v) { return o << v.lo; }
+};
+
+TEST(device_copy_box, matches_the_host_copy_box_for_every_chunk_width) {
+  const cuda::device_guard on(0);
+  const cuda::stream s;
+  check_copy_boxes<std::uint8_t>(s);
+  check_copy_boxes<std::uint16_t>(s);
+  check_copy_boxes<float>(s);
+  check_copy_boxes<double>(s);
+  check_copy_boxes<sixteen_bytes>(s);
 }
 
 TEST(device_tensor, round_trips_through_the_host_and_names_a_foreign_placement) {
@@ -232,6 +289,43 @@ TEST(device_ops, gelu_softmax_layer_norm_reduce_sum_match_the_host_ops) {
       static_assert(std::is_same_v<std::remove_cvref_t<decltype(split_sum)>::sbp_type, partial_sum>);
       EXPECT_EQ(split_sum.to_full(), reduce_sum<0>(rows).to_full());
       EXPECT_THROW((void)softmax<3>(d_rows), usage_error);
+    });
+}
+
+template <class T, class W, class I>
+void check_embedding(const placement<1>& mesh, const cuda::device_placement<1>& gpu) {
+  const shape_t ws{7, 5};
+  const std::vector<T> wf = logical<T>(ws, 4);
+  const std::vector<std::int64_t> ids{3, 0, 6, 2, 3, 5, 1};
+  const auto expected = embedding(global_tensor<T, W>::from_full(mesh, ws, wf),
+                                  global_tensor<std::int64_t, I>::from_full(mesh, {ids.size()}, ids));
+  const auto got = embedding(global_tensor<T, W, memory::cuda>::from_full(gpu, ws, wf),
+                             global_tensor<std::int64_t, I, memory::cuda>::from_full(gpu, {ids.size()}, ids));
+  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(got)>::sbp_type,
+                               typename std::remove_cvref_t<decltype(expected)>::sbp_type>);
+  EXPECT_EQ(got.to_full(), expected.to_full())
+      << to_string<W>() << ", " << to_string<I>() << " on " << mesh.size() << " ranks";
+}
+
+TEST(device_ops, embedding_matches_the_host_op_and_names_an_id_outside_the_vocabulary) {
+  for (int world : {1, 2, 3})
+    on_one_gpu(world, [](const placement<1>& mesh, const cuda::device_placement<1>& gpu) {
+      check_embedding<float, split<0>, broadcast>(mesh, gpu);  // vocabulary rows split: P(sum)
+      check_embedding<float, split<1>, broadcast>(mesh, gpu);  // embedding columns split (3 ranks: uneven)
+      check_embedding<float, broadcast, split<0>>(mesh, gpu);  // ids split
+      check_embedding<float, broadcast, broadcast>(mesh, gpu);
+      check_embedding<double, split<0>, broadcast>(mesh, gpu);
+      check_embedding<std::int32_t, broadcast, split<0>>(mesh, gpu);
+      const auto w = global_tensor<float, split<0>, memory::cuda>::from_full(gpu, {7, 5}, logical<float>({7, 5}, 4));
+      const std::vector<std::int64_t> bad{3, 7, 1};
+      const auto ids = global_tensor<std::int64_t, broadcast, memory::cuda>::from_full(gpu, {3}, bad);
+      try {
+        (void)embedding(w, ids);
+        ADD_FAILURE() << "id 7 of a vocabulary of 7 rows was looked up";
+      } catch (const usage_error& e) {
+        EXPECT_NE(std::string(e.what()).find("id 7 (position 1"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("vocabulary of 7 rows"), std::string::npos) << e.what();
+      }
     });
 }
 

@@ -189,8 +189,8 @@ device_placement(const sbp::placement<N>&, int, device_options = {}) -> device_p
 
 namespace detail {
 /// The box `extent` at `src_at` of the row-major `src_shape` tensor at `src` copied to `dst_at` of
-/// `dst_shape` at `dst`, elements of `element_bytes` bytes, on `s` (one cudaMemcpy2DAsync when the
-/// box is rows of one stride, else a kernel that copies one row per block). lib/cuda/sbp_kernels.cu.
+/// `dst_shape` at `dst`, elements of `element_bytes` bytes, on `s` (one cudaMemcpyAsync when the box
+/// is one run, else a kernel that copies it in the widest chunks the layout allows). lib/cuda/sbp_kernels.cu.
 void copy_box_bytes(std::size_t element_bytes, const void* src, const sbp::shape_t& src_shape,
                     const sbp::shape_t& src_at, void* dst, const sbp::shape_t& dst_shape, const sbp::shape_t& dst_at,
                     const sbp::shape_t& extent, cudaStream_t s);
@@ -204,6 +204,12 @@ void layer_norm_lines(float* data, std::size_t outer, std::size_t rows, std::siz
 void sum_lines(const float* x, float* out, std::size_t outer, std::size_t rows, std::size_t inner, cudaStream_t s);
 /// x Φ(x) element-wise, in place.
 void gelu_in_place(float* x, std::size_t n, cudaStream_t s);
+/// The lookup of embedding: out[i, :] = the row ids[i] - lo of `w` ([rows, cols], elements of
+/// `element_bytes` bytes) when lo <= ids[i] < lo + rows, else zeros, for i < n; `first_bad` (one
+/// value, set to ~0 here) takes the least i whose id is outside [0, vocab).
+void embedding_rows(std::size_t element_bytes, const void* w, const std::int64_t* ids, void* out, std::size_t n,
+                    std::size_t cols, std::int64_t lo, std::int64_t rows, std::int64_t vocab,
+                    unsigned long long* first_bad, cudaStream_t s);
 }  // namespace detail
 
 /// copy_box (sbp/layout.hpp) on device memory: the box `extent` at `src_at` of `src` (shape
@@ -815,6 +821,58 @@ auto reduce_sum(const global_tensor<float, A, memory::cuda>& t) {
   }
 }
 
+/// The rows of `weight` [V, D] that `ids` [N] name, on the device (the host signatures: (S(0), B) ->
+/// P(sum), (S(1), B) -> S(1), (B, S(0)) -> S(0), (B, B) -> B). Every id is checked against V: the call
+/// waits for the lookup and throws usage_error naming the first id outside [0, V) and its position.
+template <element T, sbp_type W, sbp_type I>
+auto embedding(const global_tensor<T, W, memory::cuda>& weight,
+               const global_tensor<std::int64_t, I, memory::cuda>& ids) {
+  if constexpr (!detail::same_mesh_rank<W, I>()) {
+    return;
+  } else {
+    constexpr nd_signature_result sig = nd_signature(detail::embedding_rule{}, nd_of<W>::value, nd_of<I>::value);
+    if constexpr (!sig.ok) {
+      (void)sizeof(diagnostic::embedding_has_no_signature<W, I, detail::fix_type<detail::embedding_rule, W, I>>);
+      return;
+    } else {
+      using result = global_tensor<T, detail::sbp_type_of<sig.out, detail::both_one_axis<W, I>>, memory::cuda>;
+      detail::require_same_device_placement(weight, ids, "embedding");
+      const int rank = weight.where().parent().rank();
+      if (weight.shape().size() != 2 || ids.shape().size() != 1)
+        throw error_on<usage_error>(rank, "embedding", "weight ", to_string(weight.shape()), " and ids ",
+                                    to_string(ids.shape()), ": it needs weight [V, D] and ids [N]");
+      const shape_t out_shape{ids.shape()[0], weight.shape()[1]};
+      if (!weight.where().contains_me()) return result::adopt(weight.where(), out_shape, {});
+      const box rows = weight.my_box();
+      const std::size_t n = ids.to_local().size(), cols = rows.extent[1];
+      cuda::device_shard<T> out = result::acquire(weight.where(), n * cols);
+      if (n > 0) {
+        cuda::device_shard<unsigned long long> bad{weight.where().pool().acquire(sizeof(unsigned long long)), 1};
+        const cudaStream_t s = weight.where().stream();
+        cuda::detail::embedding_rows(sizeof(T), weight.to_local().data(), ids.to_local().data(), out.span().data(), n,
+                                     cols, static_cast<std::int64_t>(rows.offset[0]),
+                                     static_cast<std::int64_t>(rows.extent[0]),
+                                     static_cast<std::int64_t>(weight.shape()[0]), bad.span().data(), s);
+        const unsigned long long first =
+            cuda::to_host(cuda::device_span<const unsigned long long>(bad.span()), s,
+                          weight.where().parent().settings().timeout, "flexpar::sbp::embedding (device): the id check")
+                .front();
+        weight.where().pool().give_back(std::move(bad.block));
+        if (first != ~0ULL) {
+          const std::size_t at = static_cast<std::size_t>(first);
+          const std::int64_t id =
+              cuda::to_host(ids.to_local().subspan(at, 1), s, weight.where().parent().settings().timeout,
+                            "flexpar::sbp::embedding (device): the bad id")
+                  .front();
+          throw error_on<usage_error>(rank, "embedding", "id ", id, " (position ", at,
+                                      " of my ids) is outside the vocabulary of ", weight.shape()[0], " rows");
+        }
+      }
+      return result::adopt(weight.where(), out_shape, std::move(out));
+    }
+  }
+}
+
 /// An op given a host and a device tensor: a compile error naming to_device / to_host.
 template <element T, sbp_type A, sbp_type B, class MA, class MB>
 requires(detail::different_memory<MA, MB>) void matmul(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&) {
@@ -829,6 +887,13 @@ requires(detail::different_memory<MA, MB>) void add(const global_tensor<T, A, MA
 template <element T, sbp_type A, sbp_type B, class MA, class MB>
 requires(detail::different_memory<MA, MB>) void mul(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&) {
   (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, A, MA>, global_tensor<T, B, MB>>);
+}
+
+/// An op given a host and a device tensor: a compile error naming to_device / to_host.
+template <element T, sbp_type W, sbp_type I, class MW, class MI>
+requires(detail::different_memory<MW, MI>) void embedding(const global_tensor<T, W, MW>&,
+                                                          const global_tensor<std::int64_t, I, MI>&) {
+  (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, W, MW>, global_tensor<std::int64_t, I, MI>>);
 }
 
 }  // namespace flexpar::sbp
