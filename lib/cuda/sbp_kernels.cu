@@ -1,5 +1,6 @@
 // lib/cuda/sbp_kernels.cu — flexpar/cuda/sbp.hpp's kernels: the box copy, and the ops that work
-// along one tensor axis (softmax, layer_norm, reduce_sum) or element-wise (gelu), and embedding's lookup.
+// along one tensor axis (softmax, layer_norm, reduce_sum) or element-wise (gelu), embedding's lookup,
+// and the convolutions' im2col and col2im.
 //
 // The box is first folded: an axis the box spans whole in both tensors merges with the axis before
 // it, so what is left is rows of `run` contiguous bytes under up to max_axes outer axes. No outer
@@ -21,6 +22,7 @@
 
 #include <flexpar/core/check_cuda.hpp>
 #include <flexpar/core/error.hpp>
+#include <flexpar/sbp/local_math.hpp>
 
 #include "launch.cuh"
 
@@ -158,6 +160,41 @@ void launch_embedding(const void* w, const std::int64_t* ids, void* out, std::si
   check_launch("flexpar::sbp::embedding (device)");
 }
 
+// im2col: a thread per element of col [C R S, P Q] (row (c, r, s), column (p, q)).
+__global__ void im2col_kernel(const float* x, float* col, std::size_t c_, std::size_t h_, std::size_t w_,
+                              std::size_t r_, std::size_t s_, std::size_t ph, std::size_t pw, std::size_t p_,
+                              std::size_t q_) {
+  const std::size_t pq = p_ * q_, total = c_ * r_ * s_ * pq;
+  for (std::size_t e = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t row = e / pq, at = e - row * pq;
+    const std::size_t c = row / (r_ * s_), r = row / s_ % r_, s = row % s_;
+    const std::size_t h = at / q_ + r, w = at % q_ + s;  // in the padded input
+    col[e] = h >= ph && h < h_ + ph && w >= pw && w < w_ + pw ? x[(c * h_ + h - ph) * w_ + w - pw] : 0.0f;
+  }
+}
+
+// col2im, gathering: a thread per element of dx [C, H, W], the (r, s) taps in order.
+__global__ void col2im_kernel(const float* dcol, float* dx, std::size_t c_, std::size_t h_, std::size_t w_,
+                              std::size_t r_, std::size_t s_, std::size_t ph, std::size_t pw, std::size_t p_,
+                              std::size_t q_) {
+  const std::size_t total = c_ * h_ * w_;
+  for (std::size_t e = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t c = e / (h_ * w_), h = e / w_ % h_, w = e % w_;
+    float acc = 0.0f;
+    for (std::size_t r = 0; r < r_; ++r)
+      for (std::size_t s = 0; s < s_; ++s) {
+        // output position (p, q) whose window puts tap (r, s) on (h, w): p = h + ph - r, q = w + pw - s
+        if (h + ph < r || w + pw < s) continue;
+        const std::size_t p = h + ph - r, q = w + pw - s;
+        if (p >= p_ || q >= q_) continue;
+        acc += dcol[((c * r_ + r) * s_ + s) * p_ * q_ + p * q_ + q];
+      }
+    dx[e] = acc;
+  }
+}
+
 unsigned grid_of(std::size_t work) { return grid_for(work, block_threads, 4); }
 
 }  // namespace
@@ -264,6 +301,22 @@ void embedding_rows(std::size_t element_bytes, const void* w, const std::int64_t
       throw usage_error("flexpar::sbp::embedding (device): elements of " + std::to_string(element_bytes) +
                         " bytes; it copies elements of 1, 2, 4 or 8 bytes");
   }
+}
+
+void im2col(const sbp::local::conv2d_geometry& g, const float* x, float* col, cudaStream_t s) {
+  const std::size_t total = g.in_channels * g.kernel_h * g.kernel_w * g.out_height() * g.out_width();
+  if (total == 0) return;
+  im2col_kernel<<<grid_of(total), block_threads, 0, s>>>(x, col, g.in_channels, g.height, g.width, g.kernel_h,
+                                                         g.kernel_w, g.pad_h, g.pad_w, g.out_height(), g.out_width());
+  check_launch("flexpar::sbp::conv2d (device): im2col");
+}
+
+void col2im(const sbp::local::conv2d_geometry& g, const float* dcol, float* dx, cudaStream_t s) {
+  const std::size_t total = g.in_channels * g.height * g.width;
+  if (total == 0) return;
+  col2im_kernel<<<grid_of(total), block_threads, 0, s>>>(dcol, dx, g.in_channels, g.height, g.width, g.kernel_h,
+                                                         g.kernel_w, g.pad_h, g.pad_w, g.out_height(), g.out_width());
+  check_launch("flexpar::sbp::conv2d_grad_input (device): col2im");
 }
 
 }  // namespace flexpar::cuda::detail

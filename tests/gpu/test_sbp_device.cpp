@@ -329,5 +329,65 @@ TEST(device_ops, embedding_matches_the_host_op_and_names_an_id_outside_the_vocab
     });
 }
 
+/// Integers in [-2, 2] from `logical`: every product and sum of the convolutions below is exact in f32.
+std::vector<float> small_ints(const shape_t& shape, int salt) {
+  std::vector<float> v = logical<float>(shape, salt);
+  for (float& e : v) e = static_cast<float>((static_cast<int>(e) % 5 + 5) % 5 - 2);
+  return v;
+}
+
+/// op(a, b) on device tensors against op on host tensors of the same values: the same deduced type and
+/// the same logical tensor, exactly.
+template <class A, class B, class Op>
+void check_conv(const placement<1>& mesh, const cuda::device_placement<1>& gpu, const shape_t& sa, const shape_t& sb,
+                Op op, const char* what) {
+  const auto fa = small_ints(sa, 5), fb = small_ints(sb, 6);
+  const auto expected =
+      op(global_tensor<float, A>::from_full(mesh, sa, fa), global_tensor<float, B>::from_full(mesh, sb, fb));
+  const auto got = op(global_tensor<float, A, memory::cuda>::from_full(gpu, sa, fa),
+                      global_tensor<float, B, memory::cuda>::from_full(gpu, sb, fb));
+  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(got)>::sbp_type,
+                               typename std::remove_cvref_t<decltype(expected)>::sbp_type>);
+  EXPECT_EQ(got.to_full(), expected.to_full())
+      << what << " (" << to_string<A>() << ", " << to_string<B>() << ") on " << mesh.size() << " ranks";
+}
+
+TEST(device_ops, conv2d_and_its_gradients_match_the_host_ops_in_every_signature) {
+  for (int world : {1, 2, 3})
+    on_one_gpu(world, [](const placement<1>& mesh, const cuda::device_placement<1>& gpu) {
+      // x [N, C, H, W], w [K, C, R, S], pad 1: y and dy [2, 4, 5, 5]; 3 ranks cut K = 4 unevenly
+      const shape_t x{2, 3, 5, 4}, w{4, 3, 3, 2}, dy{2, 4, 5, 5};
+      const auto fwd = [](const auto& a, const auto& b) { return conv2d(a, b, 1); };
+      check_conv<split<0>, broadcast>(mesh, gpu, x, w, fwd, "conv2d");
+      check_conv<broadcast, split<0>>(mesh, gpu, x, w, fwd, "conv2d");
+      check_conv<split<1>, split<1>>(mesh, gpu, x, w, fwd, "conv2d");
+      check_conv<partial_sum, broadcast>(mesh, gpu, x, w, fwd, "conv2d");
+      check_conv<broadcast, partial_sum>(mesh, gpu, x, w, fwd, "conv2d");
+      check_conv<broadcast, broadcast>(mesh, gpu, x, w, fwd, "conv2d");
+      const auto din = [](const auto& a, const auto& b) { return conv2d_grad_input(a, b, 1); };
+      check_conv<split<0>, broadcast>(mesh, gpu, dy, w, din, "conv2d_grad_input");
+      check_conv<split<1>, split<0>>(mesh, gpu, dy, w, din, "conv2d_grad_input");
+      check_conv<broadcast, split<1>>(mesh, gpu, dy, w, din, "conv2d_grad_input");
+      check_conv<partial_sum, broadcast>(mesh, gpu, dy, w, din, "conv2d_grad_input");
+      check_conv<broadcast, broadcast>(mesh, gpu, dy, w, din, "conv2d_grad_input");
+      const auto dw = [](const auto& a, const auto& b) { return conv2d_grad_weight(a, b, 1); };
+      check_conv<split<0>, split<0>>(mesh, gpu, x, dy, dw, "conv2d_grad_weight");
+      check_conv<broadcast, split<1>>(mesh, gpu, x, dy, dw, "conv2d_grad_weight");
+      check_conv<split<1>, broadcast>(mesh, gpu, x, dy, dw, "conv2d_grad_weight");
+      check_conv<broadcast, partial_sum>(mesh, gpu, x, dy, dw, "conv2d_grad_weight");
+      check_conv<broadcast, broadcast>(mesh, gpu, x, dy, dw, "conv2d_grad_weight");
+      // no padding, a 1 x 1 kernel, no samples
+      const auto valid = [](const auto& a, const auto& b) { return conv2d(a, b, 0); };
+      check_conv<split<0>, broadcast>(mesh, gpu, x, w, valid, "conv2d pad 0");
+      check_conv<broadcast, split<0>>(mesh, gpu, x, shape_t{4, 3, 1, 1}, valid, "conv2d 1 x 1");
+      check_conv<broadcast, broadcast>(mesh, gpu, shape_t{0, 3, 5, 4}, w, fwd, "conv2d of no samples");
+      // shapes that do not convolve: the host's error
+      const auto bad_x =
+          global_tensor<float, broadcast, memory::cuda>::from_full(gpu, {2, 2, 5, 4}, small_ints({2, 2, 5, 4}, 1));
+      const auto good_w = global_tensor<float, broadcast, memory::cuda>::from_full(gpu, w, small_ints(w, 2));
+      EXPECT_THROW((void)conv2d(bad_x, good_w, 1), usage_error);
+    });
+}
+
 }  // namespace
 }  // namespace flexpar::sbp

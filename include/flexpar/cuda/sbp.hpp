@@ -210,6 +210,12 @@ void gelu_in_place(float* x, std::size_t n, cudaStream_t s);
 void embedding_rows(std::size_t element_bytes, const void* w, const std::int64_t* ids, void* out, std::size_t n,
                     std::size_t cols, std::int64_t lo, std::int64_t rows, std::int64_t vocab,
                     unsigned long long* first_bad, cudaStream_t s);
+/// im2col of one sample x [C, H, W] (geometry g, batch ignored): col [C R S, P Q], zeros where a
+/// window reaches into the padding.
+void im2col(const sbp::local::conv2d_geometry& g, const float* x, float* col, cudaStream_t s);
+/// col2im of one sample, gathering: dx[c, h, w] = the sum over (r, s) of dcol[(c R + r) S + s, p Q + q]
+/// at p = h + pad_h - r, q = w + pad_w - s inside [0, P) x [0, Q), in (r, s) order. dx is overwritten.
+void col2im(const sbp::local::conv2d_geometry& g, const float* dcol, float* dx, cudaStream_t s);
 }  // namespace detail
 
 /// copy_box (sbp/layout.hpp) on device memory: the box `extent` at `src_at` of `src` (shape
@@ -873,6 +879,63 @@ auto embedding(const global_tensor<T, W, memory::cuda>& weight,
   }
 }
 
+namespace diagnostic {
+/// Instantiated for a device convolution in another element type than f32.
+template <class T>
+struct device_conv2d_needs_f32 {
+  static_assert(detail::dependent_false<T>,
+                "flexpar::sbp::conv2d on device tensors runs im2col + cublasGemmEx in f32: its element type must "
+                "be float.");
+};
+}  // namespace diagnostic
+
+namespace detail {
+/// conv_static's local pass on device shards (conv2d, conv2d_grad_input, conv2d_grad_weight on device
+/// tensors: the host ops' signatures, shapes and errors): per sample, an im2col or col2im kernel and
+/// one cuBLAS GEMM on the placement's stream; grad_weight accumulates the samples' GEMMs in sample
+/// order (beta = 1 after the first), as the host does.
+template <class T, std::size_t N>
+cuda::device_shard<T> conv_shard(const cuda::device_placement<N>& where, int rank, conv_pass pass, const shape_t& la,
+                                 cuda::device_span<const T> a, const shape_t& lb, cuda::device_span<const T> b,
+                                 const shape_t& out, std::size_t pad) {
+  if constexpr (!std::is_same_v<T, float>) {
+    (void)sizeof(diagnostic::device_conv2d_needs_f32<T>);
+    return {};
+  } else {
+    const local::conv2d_geometry g = conv_geometry_of(rank, pass, la, lb, out, pad);
+    cuda::device_shard<float> c{where.pool().acquire(elements_of(out) * sizeof(float)), elements_of(out)};
+    if (c.count == 0) return c;
+    const cudaStream_t s = where.stream();
+    const std::size_t crs = g.in_channels * g.kernel_h * g.kernel_w, pq = g.out_height() * g.out_width();
+    const std::size_t chw = g.in_channels * g.height * g.width, k = g.out_channels;
+    cuda::blas& la_ = where.linear_algebra();
+    if (crs == 0 || pq == 0 || (pass != conv_pass::grad_weight && k == 0) ||
+        (pass == conv_pass::grad_weight && g.batch == 0)) {
+      cuda::fill(c.span(), 0.0f, s);  // an empty sum
+      return c;
+    }
+    cuda::device_shard<float> col{where.pool().acquire(crs * pq * sizeof(float)), crs * pq};
+    for (std::size_t n = 0; n < g.batch; ++n) {
+      if (pass == conv_pass::forward) {  // y_n [K, PQ] = w [K, CRS] col [CRS, PQ]
+        cuda::detail::im2col(g, a.data() + n * chw, col.span().data(), s);
+        la_.gemm(cuda::transpose::no, cuda::transpose::no, k, pq, crs, 1.0f, b,
+                 cuda::device_span<const float>(col.span()), 0.0f, c.span().subspan(n * k * pq, k * pq), s);
+      } else if (pass == conv_pass::grad_input) {  // dcol [CRS, PQ] = w^T dy_n; dx_n = col2im(dcol)
+        la_.gemm(cuda::transpose::yes, cuda::transpose::no, crs, pq, k, 1.0f, b, a.subspan(n * k * pq, k * pq), 0.0f,
+                 col.span(), s);
+        cuda::detail::col2im(g, col.span().data(), c.span().data() + n * chw, s);
+      } else {  // dw [K, CRS] (+)= dy_n [K, PQ] col_n^T
+        cuda::detail::im2col(g, a.data() + n * chw, col.span().data(), s);
+        la_.gemm(cuda::transpose::no, cuda::transpose::yes, k, crs, pq, 1.0f, b.subspan(n * k * pq, k * pq),
+                 cuda::device_span<const float>(col.span()), n == 0 ? 0.0f : 1.0f, c.span(), s);
+      }
+    }
+    where.pool().give_back(std::move(col.block));
+    return c;
+  }
+}
+}  // namespace detail
+
 /// An op given a host and a device tensor: a compile error naming to_device / to_host.
 template <element T, sbp_type A, sbp_type B, class MA, class MB>
 requires(detail::different_memory<MA, MB>) void matmul(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&) {
@@ -894,6 +957,13 @@ template <element T, sbp_type W, sbp_type I, class MW, class MI>
 requires(detail::different_memory<MW, MI>) void embedding(const global_tensor<T, W, MW>&,
                                                           const global_tensor<std::int64_t, I, MI>&) {
   (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, W, MW>, global_tensor<std::int64_t, I, MI>>);
+}
+
+/// An op given a host and a device tensor: a compile error naming to_device / to_host.
+template <element T, sbp_type A, sbp_type B, class MA, class MB>
+requires(detail::different_memory<MA, MB>) void conv2d(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&,
+                                                       std::size_t) {
+  (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, A, MA>, global_tensor<T, B, MB>>);
 }
 
 }  // namespace flexpar::sbp

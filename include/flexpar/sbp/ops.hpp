@@ -290,11 +290,11 @@ inline shape_t conv_out_shape(int rank, conv_pass pass, const shape_t& a, const 
   return {};
 }
 
-/// One convolution pass on the shards: `la`, `lb` are the local boxes' extents, `out` the local output
-/// extents. @throws usage_error when the shards do not fit together (e.g. unequal channel splits).
-template <class T>
-aligned_vector<T> conv_local(buffer_pool& pool, int rank, conv_pass pass, const shape_t& la, const T* a,
-                             const shape_t& lb, const T* b, const shape_t& out, std::size_t pad) {
+/// The geometry of one convolution pass on the shards: `la`, `lb` are the local boxes' extents, `out`
+/// the local output extents. @throws usage_error when the shards do not fit together (e.g. unequal
+/// channel splits).
+inline local::conv2d_geometry conv_geometry_of(int rank, conv_pass pass, const shape_t& la, const shape_t& lb,
+                                               const shape_t& out, std::size_t pad) {
   local::conv2d_geometry g;
   g.pad_h = g.pad_w = pad;
   const shape_t& x = pass == conv_pass::grad_input ? out : la;
@@ -310,6 +310,14 @@ aligned_vector<T> conv_local(buffer_pool& pool, int rank, conv_pass pass, const 
   const shape_t& dy = pass == conv_pass::forward ? out : (pass == conv_pass::grad_input ? la : lb);
   if (w[1] != g.in_channels || dy != y)
     throw usage_error(shape_error(rank, pass, "local shard", la, "local shard", lb, "the shards do not fit together"));
+  return g;
+}
+
+/// One convolution pass on the shards (geometry as conv_geometry_of), its result from `pool`.
+template <class T>
+aligned_vector<T> conv_local(buffer_pool& pool, int rank, conv_pass pass, const shape_t& la, const T* a,
+                             const shape_t& lb, const T* b, const shape_t& out, std::size_t pad) {
+  const local::conv2d_geometry g = conv_geometry_of(rank, pass, la, lb, out, pad);
   aligned_vector<T> c = pool.template acquire<T>(elements_of(out));  // every pass writes every element
   if (pass == conv_pass::forward)
     local::conv2d_forward(g, a, b, c.data());
@@ -318,6 +326,15 @@ aligned_vector<T> conv_local(buffer_pool& pool, int rank, conv_pass pass, const 
   else
     local::conv2d_backward_weight(g, a, b, c.data());
   return c;
+}
+
+/// conv_static's local pass on host shards (the device form is in flexpar/cuda/sbp.hpp; found by the
+/// argument conv_pass wherever the call is instantiated).
+template <class T, std::size_t N>
+aligned_vector<T> conv_shard(const placement<N>& where, int rank, conv_pass pass, const shape_t& la,
+                             std::span<const T> a, const shape_t& lb, std::span<const T> b, const shape_t& out,
+                             std::size_t pad) {
+  return conv_local<T>(where.pool(), rank, pass, la, a.data(), lb, b.data(), out, pad);
 }
 
 template <conv_pass Pass, element T, sbp_type A, sbp_type B, class M>
@@ -345,10 +362,9 @@ auto conv_static(const global_tensor<T, A, M>& a, const global_tensor<T, B, M>& 
       const shape_t out_shape = conv_out_shape(rank, Pass, a.shape(), b.shape(), pad);
       if (!a.where().contains_me()) return global_tensor<T, Out, M>::adopt(a.where(), out_shape, {});
       const shape_t out_local = shard_box(out_shape, sig.out, a.where().shape(), a.where().coords()).extent;
-      return global_tensor<T, Out, M>::adopt(
-          a.where(), out_shape,
-          conv_local<T>(a.where().pool(), rank, Pass, a.local_shape(), a.to_local().data(), b.local_shape(),
-                        b.to_local().data(), out_local, pad));
+      return global_tensor<T, Out, M>::adopt(a.where(), out_shape,
+                                             conv_shard<T>(a.where(), rank, Pass, a.local_shape(), a.to_local(),
+                                                           b.local_shape(), b.to_local(), out_local, pad));
     }
   }
 }
