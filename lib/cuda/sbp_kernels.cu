@@ -1,6 +1,6 @@
 // lib/cuda/sbp_kernels.cu — flexpar/cuda/sbp.hpp's kernels: the box copy, and the ops that work
 // along one tensor axis (softmax, layer_norm, reduce_sum) or element-wise (gelu), embedding's lookup,
-// and the convolutions' im2col and col2im.
+// the convolutions' im2col and col2im, and the tiled transpose.
 //
 // The box is first folded: an axis the box spans whole in both tensors merges with the axis before
 // it, so what is left is rows of `run` contiguous bytes under up to max_axes outer axes. No outer
@@ -195,6 +195,40 @@ __global__ void col2im_kernel(const float* dcol, float* dx, std::size_t c_, std:
   }
 }
 
+// A 32 x 32 tile per block (32 x 8 threads), read by rows of `in` and written by rows of `out`
+// through shared memory (a padded column: no bank conflicts); the blocks stride over the tiles.
+constexpr int tile = 32;
+template <class Word>
+__global__ void transpose_kernel(const Word* in, Word* out, std::size_t rows, std::size_t cols) {
+  __shared__ Word t[tile][tile + 1];
+  const std::size_t tiles_x = (cols + tile - 1) / tile, tiles_y = (rows + tile - 1) / tile;
+  for (std::size_t ty = blockIdx.y; ty < tiles_y; ty += gridDim.y)
+    for (std::size_t tx = blockIdx.x; tx < tiles_x; tx += gridDim.x) {
+      const std::size_t c = tx * tile + threadIdx.x;
+      for (unsigned j = threadIdx.y; j < tile; j += blockDim.y) {
+        const std::size_t r = ty * tile + j;
+        if (r < rows && c < cols) t[j][threadIdx.x] = in[r * cols + c];
+      }
+      __syncthreads();
+      const std::size_t oc = ty * tile + threadIdx.x;  // a row of in is a column of out
+      for (unsigned j = threadIdx.y; j < tile; j += blockDim.y) {
+        const std::size_t orow = tx * tile + j;
+        if (orow < cols && oc < rows) out[orow * rows + oc] = t[threadIdx.x][j];
+      }
+      __syncthreads();
+    }
+}
+
+template <class Word>
+void launch_transpose(const void* in, void* out, std::size_t rows, std::size_t cols, cudaStream_t s) {
+  const std::size_t tiles_x = (cols + tile - 1) / tile, tiles_y = (rows + tile - 1) / tile;
+  const dim3 grid(static_cast<unsigned>(std::min<std::size_t>(tiles_x, 1024)),
+                  static_cast<unsigned>(std::min<std::size_t>(tiles_y, 1024)));
+  transpose_kernel<Word>
+      <<<grid, dim3(tile, 8), 0, s>>>(static_cast<const Word*>(in), static_cast<Word*>(out), rows, cols);
+  check_launch("flexpar::sbp::transpose (device)");
+}
+
 unsigned grid_of(std::size_t work) { return grid_for(work, block_threads, 4); }
 
 }  // namespace
@@ -317,6 +351,20 @@ void col2im(const sbp::local::conv2d_geometry& g, const float* dcol, float* dx, 
   col2im_kernel<<<grid_of(total), block_threads, 0, s>>>(dcol, dx, g.in_channels, g.height, g.width, g.kernel_h,
                                                          g.kernel_w, g.pad_h, g.pad_w, g.out_height(), g.out_width());
   check_launch("flexpar::sbp::conv2d_grad_input (device): col2im");
+}
+
+void transpose_2d(std::size_t element_bytes, const void* in, void* out, std::size_t rows, std::size_t cols,
+                  cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  switch (element_bytes) {
+    case 1: return launch_transpose<std::uint8_t>(in, out, rows, cols, s);
+    case 2: return launch_transpose<std::uint16_t>(in, out, rows, cols, s);
+    case 4: return launch_transpose<std::uint32_t>(in, out, rows, cols, s);
+    case 8: return launch_transpose<std::uint64_t>(in, out, rows, cols, s);
+    default:
+      throw usage_error("flexpar::sbp::transpose (device): elements of " + std::to_string(element_bytes) +
+                        " bytes; it moves elements of 1, 2, 4 or 8 bytes");
+  }
 }
 
 }  // namespace flexpar::cuda::detail

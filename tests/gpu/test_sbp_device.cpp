@@ -329,6 +329,34 @@ TEST(device_ops, embedding_matches_the_host_op_and_names_an_id_outside_the_vocab
     });
 }
 
+template <class T, class A>
+void check_transpose(const placement<1>& mesh, const cuda::device_placement<1>& gpu, const shape_t& shape) {
+  const std::vector<T> full = logical<T>(shape, 8);
+  const auto expected = transpose(global_tensor<T, A>::from_full(mesh, shape, full));
+  const auto got = transpose(global_tensor<T, A, memory::cuda>::from_full(gpu, shape, full));
+  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(got)>::sbp_type,
+                               typename std::remove_cvref_t<decltype(expected)>::sbp_type>);
+  EXPECT_EQ(got.shape(), expected.shape());
+  EXPECT_EQ(got.to_full(), expected.to_full()) << "transpose of " << to_string<A>() << " " << to_string(shape);
+}
+
+TEST(device_ops, transpose_matches_the_host_op) {
+  for (int world : {1, 2, 3})
+    on_one_gpu(world, [](const placement<1>& mesh, const cuda::device_placement<1>& gpu) {
+      // more than one 32 x 32 tile each way, ragged at both edges; a single row; empty
+      for (const shape_t& shape : {shape_t{45, 70}, shape_t{1, 33}, shape_t{0, 5}}) {
+        check_transpose<float, split<0>>(mesh, gpu, shape);
+        check_transpose<float, split<1>>(mesh, gpu, shape);
+        check_transpose<float, broadcast>(mesh, gpu, shape);
+        check_transpose<float, partial_sum>(mesh, gpu, shape);
+        check_transpose<double, split<1>>(mesh, gpu, shape);
+        check_transpose<std::int32_t, split<0>>(mesh, gpu, shape);
+      }
+      const auto cube = global_tensor<float, broadcast, memory::cuda>::from_full(gpu, {2, 2, 2}, std::vector<float>(8));
+      EXPECT_THROW((void)transpose(cube), usage_error);
+    });
+}
+
 /// Integers in [-2, 2] from `logical`: every product and sum of the convolutions below is exact in f32.
 std::vector<float> small_ints(const shape_t& shape, int salt) {
   std::vector<float> v = logical<float>(shape, salt);

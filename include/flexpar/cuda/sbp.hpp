@@ -41,6 +41,7 @@
 #include <flexpar/sbp/global_tensor.hpp>
 #include <flexpar/sbp/layout.hpp>
 #include <flexpar/sbp/ops.hpp>
+#include <flexpar/sbp/ops_nn.hpp>
 #include <flexpar/sbp/placement.hpp>
 
 namespace flexpar::cuda {
@@ -210,6 +211,10 @@ void gelu_in_place(float* x, std::size_t n, cudaStream_t s);
 void embedding_rows(std::size_t element_bytes, const void* w, const std::int64_t* ids, void* out, std::size_t n,
                     std::size_t cols, std::int64_t lo, std::int64_t rows, std::int64_t vocab,
                     unsigned long long* first_bad, cudaStream_t s);
+/// out [cols, rows] = in [rows, cols] transposed, elements of `element_bytes` (1, 2, 4 or 8) bytes:
+/// 32 x 32 tiles through shared memory.
+void transpose_2d(std::size_t element_bytes, const void* in, void* out, std::size_t rows, std::size_t cols,
+                  cudaStream_t s);
 /// im2col of one sample x [C, H, W] (geometry g, batch ignored): col [C R S, P Q], zeros where a
 /// window reaches into the padding.
 void im2col(const sbp::local::conv2d_geometry& g, const float* x, float* col, cudaStream_t s);
@@ -876,6 +881,26 @@ auto embedding(const global_tensor<T, W, memory::cuda>& weight,
       }
       return result::adopt(weight.where(), out_shape, std::move(out));
     }
+  }
+}
+
+/// Transpose of a 2-D device tensor (the host signatures: a split moves to the other axis, B and P
+/// stay): the shard transposed by one tiled kernel.
+template <element T, sbp_type A>
+auto transpose(const global_tensor<T, A, memory::cuda>& t) {
+  constexpr nd_signature_result sig = nd_signature(signature::transpose, nd_of<A>::value);
+  if constexpr (!sig.ok) {
+    (void)sizeof(diagnostic::transpose_has_no_signature<A>);
+    return;
+  } else {
+    using result = global_tensor<T, detail::sbp_type_of<sig.out, one_axis_sbp<A>>, memory::cuda>;
+    if (t.shape().size() != 2)
+      throw error_on<usage_error>(t.where().parent().rank(), "transpose", "a tensor of shape ", to_string(t.shape()),
+                                  " is not 2-D");
+    const shape_t ls = t.local_shape();
+    cuda::device_shard<T> out = result::acquire(t.where(), t.to_local().size());
+    cuda::detail::transpose_2d(sizeof(T), t.to_local().data(), out.span().data(), ls[0], ls[1], t.where().stream());
+    return result::adopt(t.where(), shape_t{t.shape()[1], t.shape()[0]}, std::move(out));
   }
 }
 
