@@ -107,6 +107,46 @@ TEST(device_boxing, identity_allocates_and_copies_nothing) {
       flexpar::testing_support::with_timeout(60s));
 }
 
+/// A placement change of a device tensor: the logical tensor on the destination, and the same shard as
+/// the host's placement change of the same source (partials distinct by rank).
+template <class From, class To, std::size_t N1, std::size_t N2>
+void check_device_move(const cuda::device_placement<N1>& a, const cuda::device_placement<N2>& b, const shape_t& shape,
+                       int salt) {
+  const std::vector<std::int32_t> full = logical<std::int32_t>(shape, salt);
+  const auto source = distinct_source<std::int32_t, From>(a.host(), shape, full, salt);
+  const auto on_host = to<To>(source, b.host());
+  const auto moved = to<To>(to_device(source, a), b);
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(moved)>, global_tensor<std::int32_t, To, memory::cuda>>);
+  const std::string what = to_string<From>() + " on " + a.describe() + " -> " + to_string<To>() + " on " +
+                           b.describe() + " " + to_string(shape);
+  const std::vector<std::int32_t> host_shard(on_host.to_local().begin(), on_host.to_local().end());
+  EXPECT_EQ(moved.download(), host_shard) << what;
+  if (b.contains_me()) EXPECT_EQ(moved.to_full(), full) << what;
+}
+
+TEST(device_boxing, placement_changes_keep_the_logical_tensor) {
+  run_in_process(
+      4,
+      [](communicator& comm) {
+        placement<1> all(comm, {4}), first3(comm, {3}, {0, 1, 2}), last(comm, {1}, {3}), one(comm, {1}, {0}),
+            middle(comm, {2}, {2, 1});
+        placement<2> grid(comm, {2, 2});
+        cuda::device_placement d_all(all, 0), d_first3(first3, 0), d_last(last, 0), d_one(one, 0), d_middle(middle, 0);
+        cuda::device_placement d_grid(grid, 0);
+        int salt = 0;
+        for (const shape_t& shape : {shape_t{5, 3}, shape_t{7, 2}, shape_t{0, 4}}) {
+          check_device_move<split<0>, broadcast>(d_first3, d_last, shape, ++salt);                // 3 -> 1
+          check_device_move<broadcast, split<1>>(d_one, d_all, shape, ++salt);                    // 1 -> 4
+          check_device_move<split<1>, split<0>>(d_first3, d_middle, shape, ++salt);               // 3 -> 2, reordered
+          check_device_move<partial_sum, split<0>>(d_all, d_first3, shape, ++salt);               // P source
+          check_device_move<split<0>, partial_sum>(d_middle, d_all, shape, ++salt);               // P target
+          check_device_move<sbp<split<0>, split<1>>, split<0>>(d_grid, d_first3, shape, ++salt);  // 2-D -> 1-D
+          check_device_move<sbp<partial_sum, split<0>>, sbp<split<1>, partial_sum>>(d_grid, d_grid, shape, ++salt);
+        }
+      },
+      flexpar::testing_support::with_timeout(std::chrono::seconds(120)));
+}
+
 /// cuda::copy_box against the host copy_box on the same boxes: the destination starts as a pattern
 /// (what the box does not cover must stay), element sizes 1, 2, 4, 8 and 16 bytes, offsets that make
 /// every chunk width (1 ... 16 bytes) the widest that divides run, strides and addresses.

@@ -1,8 +1,9 @@
 // flexpar/cuda/sbp.hpp — SBP global tensors in device memory: global_tensor<T, Sbp, memory::cuda>,
 // boxed by the same overload of to<NewSbp> and the same routes as on the host, each mesh axis's
 // collective on that axis's cuda::device_communicator (NCCL, or CUDA IPC among the ranks of one node,
-// or staged), and matmul (cuBLAS), add, mul, relu, gelu, softmax, layer_norm and reduce_sum on the
-// shards.
+// or staged); placement changes (the pieces through host memory); and matmul (cuBLAS), add, mul,
+// relu, gelu, softmax, layer_norm, reduce_sum, embedding, conv2d and its gradients (im2col + cuBLAS)
+// and transpose on the shards.
 //
 // Part of flexpar::cuda.
 //
@@ -36,6 +37,7 @@
 #include <flexpar/cuda/kernels.hpp>
 #include <flexpar/cuda/nn.hpp>
 #include <flexpar/cuda/runtime.hpp>
+#include <flexpar/sbp/boxing/placement_change.hpp>
 #include <flexpar/sbp/boxing/route.hpp>
 #include <flexpar/sbp/boxing/same_placement.hpp>
 #include <flexpar/sbp/global_tensor.hpp>
@@ -624,6 +626,26 @@ requires(!same_layout<From, To>) auto to(global_tensor<T, From, memory::cuda>&& 
 /// Boxing of a device tensor that stays usable: boxes a copy.
 template <sbp_type To, element T, sbp_type From>
 requires(!same_layout<From, To>) auto to(const global_tensor<T, From, memory::cuda>& t) { return to<To>(t.clone()); }
+
+/// Placement change of a device tensor: it moves to `dest` (another mesh of ranks of the same parent
+/// communicator: n -> m ranks, 1 -> n, n -> 1, another mesh shape) and takes the SBP To there, as the
+/// host's to<To>(t, placement). Partial entries are summed on the source mesh by its device
+/// communicators; the pieces then go through host memory (a download, the host placement change's
+/// one alltoall_v over the parent, an upload: the device communicators are per mesh axis, none spans
+/// both meshes); B -> P where To is partial is local on the destination. Collective over the parent.
+template <sbp_type To, element T, sbp_type From, std::size_t N2>
+auto to(const global_tensor<T, From, memory::cuda>& t, const cuda::device_placement<N2>& dest) {
+  static_assert(nd_of<To>::mesh_rank == N2,
+                "flexpar::sbp::to<Sbp>(t, device_placement): the target SBP needs one entry per axis of the "
+                "destination placement's mesh");
+  using Src = detail::sbp_type_of<detail::without_partial(nd_of<From>::value), false>;
+  using Dst = detail::sbp_type_of<detail::without_partial(nd_of<To>::value), false>;
+  auto&& summed = to<Src>(t);  // the source's partial entries summed on the device
+  const global_tensor<T, Dst> moved = to<Dst>(to_host(summed), dest.host());
+  const shape_t shape = t.shape();
+  auto boxed = to<nd_of<To>>(global_tensor<T, Dst, memory::cuda>::upload(dest, moved));  // B -> P: local
+  return global_tensor<T, To, memory::cuda>::adopt(dest, shape, std::move(boxed).release());
+}
 
 // ---- ops on the device ---------------------------------------------------------------------------
 
