@@ -5,8 +5,12 @@
 // The box is first folded: an axis the box spans whole in both tensors merges with the axis before
 // it, so what is left is rows of `run` contiguous bytes under up to max_axes outer axes. No outer
 // axis is one cudaMemcpyAsync; otherwise one kernel copies the box in chunks of the widest of 16, 8,
-// 4 or 1 bytes that divides the run, the strides and both addresses, a thread per chunk (grid-stride):
-// the copy engines' 2-D copy is far slower on the narrow rows a split inner axis makes.
+// 4 or 1 bytes that divides the run, the strides and both addresses, a thread per chunk (grid-stride),
+// in place of the copy engines' 2-D copy on the narrow rows a split inner axis makes (doc/sbp.md, and
+// flexpar_sbp_gpu_bench's pack table, which times the two side by side).
+//
+// embedding's lookup, im2col and col2im are an index each through for_each_index (launch.cuh), as
+// lib/cuda/nn.cu's element-wise kernels are; transpose goes through shared memory in 32 x 32 tiles.
 //
 // The axis ops see the shard as [outer, rows, inner] (the axis in the middle) and give each of the
 // outer x inner lines one thread, which walks its `rows` elements `inner` apart (neighbouring
@@ -131,70 +135,6 @@ __global__ void gelu_kernel(float* x, std::size_t n) {
   }
 }
 
-// One thread per element of the output: element c of row i (Word: the element's bytes). A row of no
-// columns (a rank's empty share of D) still has a thread, which checks the id.
-template <class Word>
-__global__ void embedding_kernel(const Word* w, const std::int64_t* ids, Word* out, std::size_t n, std::size_t cols,
-                                 std::int64_t lo, std::int64_t rows, std::int64_t vocab,
-                                 unsigned long long* first_bad) {
-  const std::size_t width = cols == 0 ? 1 : cols;
-  for (std::size_t e = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; e < n * width;
-       e += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::size_t i = e / width, c = e - i * width;
-    const std::int64_t id = ids[i];
-    const bool bad = id < 0 || id >= vocab;
-    if (bad && c == 0) atomicMin(first_bad, static_cast<unsigned long long>(i));
-    if (c >= cols) continue;
-    // another rank's row (or a bad id): zero; the P(sum) layouts add the ranks' lookups
-    out[i * cols + c] = !bad && id >= lo && id < lo + rows ? w[static_cast<std::size_t>(id - lo) * cols + c] : Word{};
-  }
-}
-
-template <class Word>
-void launch_embedding(const void* w, const std::int64_t* ids, void* out, std::size_t n, std::size_t cols,
-                      std::int64_t lo, std::int64_t rows, std::int64_t vocab, unsigned long long* first_bad,
-                      cudaStream_t s) {
-  if (n == 0) return;
-  embedding_kernel<Word><<<grid_for(n * std::max<std::size_t>(cols, 1), block_threads, 8), block_threads, 0, s>>>(
-      static_cast<const Word*>(w), ids, static_cast<Word*>(out), n, cols, lo, rows, vocab, first_bad);
-  check_launch("flexpar::sbp::embedding (device)");
-}
-
-// im2col: a thread per element of col [C R S, P Q] (row (c, r, s), column (p, q)).
-__global__ void im2col_kernel(const float* x, float* col, std::size_t c_, std::size_t h_, std::size_t w_,
-                              std::size_t r_, std::size_t s_, std::size_t ph, std::size_t pw, std::size_t p_,
-                              std::size_t q_) {
-  const std::size_t pq = p_ * q_, total = c_ * r_ * s_ * pq;
-  for (std::size_t e = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::size_t row = e / pq, at = e - row * pq;
-    const std::size_t c = row / (r_ * s_), r = row / s_ % r_, s = row % s_;
-    const std::size_t h = at / q_ + r, w = at % q_ + s;  // in the padded input
-    col[e] = h >= ph && h < h_ + ph && w >= pw && w < w_ + pw ? x[(c * h_ + h - ph) * w_ + w - pw] : 0.0f;
-  }
-}
-
-// col2im, gathering: a thread per element of dx [C, H, W], the (r, s) taps in order.
-__global__ void col2im_kernel(const float* dcol, float* dx, std::size_t c_, std::size_t h_, std::size_t w_,
-                              std::size_t r_, std::size_t s_, std::size_t ph, std::size_t pw, std::size_t p_,
-                              std::size_t q_) {
-  const std::size_t total = c_ * h_ * w_;
-  for (std::size_t e = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const std::size_t c = e / (h_ * w_), h = e / w_ % h_, w = e % w_;
-    float acc = 0.0f;
-    for (std::size_t r = 0; r < r_; ++r)
-      for (std::size_t s = 0; s < s_; ++s) {
-        // output position (p, q) whose window puts tap (r, s) on (h, w): p = h + ph - r, q = w + pw - s
-        if (h + ph < r || w + pw < s) continue;
-        const std::size_t p = h + ph - r, q = w + pw - s;
-        if (p >= p_ || q >= q_) continue;
-        acc += dcol[((c * r_ + r) * s_ + s) * p_ * q_ + p * q_ + q];
-      }
-    dx[e] = acc;
-  }
-}
-
 // A 32 x 32 tile per block (32 x 8 threads), read by rows of `in` and written by rows of `out`
 // through shared memory (a padded column: no bank conflicts); the blocks stride over the tiles.
 constexpr int tile = 32;
@@ -227,6 +167,21 @@ void launch_transpose(const void* in, void* out, std::size_t rows, std::size_t c
   transpose_kernel<Word>
       <<<grid, dim3(tile, 8), 0, s>>>(static_cast<const Word*>(in), static_cast<Word*>(out), rows, cols);
   check_launch("flexpar::sbp::transpose (device)");
+}
+
+// f(Word{}) with Word the unsigned type of `element_bytes` bytes (1, 2, 4, 8): the ops that only move
+// elements. @throws usage_error naming `op` for another size.
+template <class F>
+void by_element_bytes(std::size_t element_bytes, const char* op, F f) {
+  switch (element_bytes) {
+    case 1: return f(std::uint8_t{});
+    case 2: return f(std::uint16_t{});
+    case 4: return f(std::uint32_t{});
+    case 8: return f(std::uint64_t{});
+    default:
+      throw usage_error(std::string(op) + ": elements of " + std::to_string(element_bytes) +
+                        " bytes; it moves elements of 1, 2, 4 or 8 bytes");
+  }
 }
 
 unsigned grid_of(std::size_t work) { return grid_for(work, block_threads, 4); }
@@ -322,49 +277,80 @@ void copy_box_bytes(std::size_t element_bytes, const void* src, const std::vecto
     launch_copy_chunks<std::uint8_t>(to, from, b, s);
 }
 
+// One index per output element (c of row i); a row of no columns (a rank's empty share of D) still
+// has one, which checks the id.
+template <class Word>
+void embedding_words(const Word* w, const std::int64_t* ids, Word* out, std::size_t n, std::size_t cols,
+                     std::int64_t lo, std::int64_t rows, std::int64_t vocab, unsigned long long* first_bad,
+                     cudaStream_t s) {
+  const std::size_t width = std::max<std::size_t>(cols, 1);
+  for_each_index(
+      n * width,
+      [=] __device__(std::size_t e) {
+        const std::size_t i = e / width, c = e - i * width;
+        const std::int64_t id = ids[i];
+        const bool bad = id < 0 || id >= vocab;
+        if (bad && c == 0) atomicMin(first_bad, static_cast<unsigned long long>(i));
+        if (c >= cols) return;
+        // another rank's row (or a bad id): zero; the P(sum) layouts add the ranks' lookups
+        out[i * cols + c] =
+            !bad && id >= lo && id < lo + rows ? w[static_cast<std::size_t>(id - lo) * cols + c] : Word{};
+      },
+      s, "flexpar::sbp::embedding (device)");
+}
+
 void embedding_rows(std::size_t element_bytes, const void* w, const std::int64_t* ids, void* out, std::size_t n,
                     std::size_t cols, std::int64_t lo, std::int64_t rows, std::int64_t vocab,
                     unsigned long long* first_bad, cudaStream_t s) {
   FLEXPAR_CHECK_CUDA(-1, cudaMemsetAsync(first_bad, 0xff, sizeof(unsigned long long), s));
-  switch (element_bytes) {
-    case 1: return launch_embedding<std::uint8_t>(w, ids, out, n, cols, lo, rows, vocab, first_bad, s);
-    case 2: return launch_embedding<std::uint16_t>(w, ids, out, n, cols, lo, rows, vocab, first_bad, s);
-    case 4: return launch_embedding<std::uint32_t>(w, ids, out, n, cols, lo, rows, vocab, first_bad, s);
-    case 8: return launch_embedding<std::uint64_t>(w, ids, out, n, cols, lo, rows, vocab, first_bad, s);
-    default:
-      throw usage_error("flexpar::sbp::embedding (device): elements of " + std::to_string(element_bytes) +
-                        " bytes; it copies elements of 1, 2, 4 or 8 bytes");
-  }
+  by_element_bytes(element_bytes, "flexpar::sbp::embedding (device)", [&](auto word) {
+    using Word = decltype(word);
+    embedding_words<Word>(static_cast<const Word*>(w), ids, static_cast<Word*>(out), n, cols, lo, rows, vocab,
+                          first_bad, s);
+  });
 }
 
 void im2col(const sbp::local::conv2d_geometry& g, const float* x, float* col, cudaStream_t s) {
-  const std::size_t total = g.in_channels * g.kernel_h * g.kernel_w * g.out_height() * g.out_width();
-  if (total == 0) return;
-  im2col_kernel<<<grid_of(total), block_threads, 0, s>>>(x, col, g.in_channels, g.height, g.width, g.kernel_h,
-                                                         g.kernel_w, g.pad_h, g.pad_w, g.out_height(), g.out_width());
-  check_launch("flexpar::sbp::conv2d (device): im2col");
+  // one index per element of col [C R S, P Q]: row (c, r, s), column (p, q)
+  const std::size_t c_ = g.in_channels, h_ = g.height, w_ = g.width, r_ = g.kernel_h, s_ = g.kernel_w;
+  const std::size_t ph = g.pad_h, pw = g.pad_w, q_ = g.out_width(), pq = g.out_height() * q_;
+  for_each_index(
+      c_ * r_ * s_ * pq,
+      [=] __device__(std::size_t e) {
+        const std::size_t row = e / pq, at = e - row * pq;
+        const std::size_t c = row / (r_ * s_), r = row / s_ % r_, s = row % s_;
+        const std::size_t h = at / q_ + r, w = at % q_ + s;  // in the padded input
+        col[e] = h >= ph && h < h_ + ph && w >= pw && w < w_ + pw ? x[(c * h_ + h - ph) * w_ + w - pw] : 0.0f;
+      },
+      s, "flexpar::sbp::conv2d (device): im2col");
 }
 
 void col2im(const sbp::local::conv2d_geometry& g, const float* dcol, float* dx, cudaStream_t s) {
-  const std::size_t total = g.in_channels * g.height * g.width;
-  if (total == 0) return;
-  col2im_kernel<<<grid_of(total), block_threads, 0, s>>>(dcol, dx, g.in_channels, g.height, g.width, g.kernel_h,
-                                                         g.kernel_w, g.pad_h, g.pad_w, g.out_height(), g.out_width());
-  check_launch("flexpar::sbp::conv2d_grad_input (device): col2im");
+  // one index per element of dx [C, H, W], gathering its (r, s) taps in order
+  const std::size_t h_ = g.height, w_ = g.width, r_ = g.kernel_h, s_ = g.kernel_w;
+  const std::size_t ph = g.pad_h, pw = g.pad_w, p_ = g.out_height(), q_ = g.out_width();
+  for_each_index(
+      g.in_channels * h_ * w_,
+      [=] __device__(std::size_t e) {
+        const std::size_t c = e / (h_ * w_), h = e / w_ % h_, w = e % w_;
+        float acc = 0.0f;
+        for (std::size_t r = 0; r < r_; ++r)
+          for (std::size_t s = 0; s < s_; ++s) {
+            // the output position (p, q) whose window puts tap (r, s) on (h, w)
+            if (h + ph < r || w + pw < s) continue;
+            const std::size_t p = h + ph - r, q = w + pw - s;
+            if (p < p_ && q < q_) acc += dcol[((c * r_ + r) * s_ + s) * p_ * q_ + p * q_ + q];
+          }
+        dx[e] = acc;
+      },
+      s, "flexpar::sbp::conv2d_grad_input (device): col2im");
 }
 
 void transpose_2d(std::size_t element_bytes, const void* in, void* out, std::size_t rows, std::size_t cols,
                   cudaStream_t s) {
   if (rows == 0 || cols == 0) return;
-  switch (element_bytes) {
-    case 1: return launch_transpose<std::uint8_t>(in, out, rows, cols, s);
-    case 2: return launch_transpose<std::uint16_t>(in, out, rows, cols, s);
-    case 4: return launch_transpose<std::uint32_t>(in, out, rows, cols, s);
-    case 8: return launch_transpose<std::uint64_t>(in, out, rows, cols, s);
-    default:
-      throw usage_error("flexpar::sbp::transpose (device): elements of " + std::to_string(element_bytes) +
-                        " bytes; it moves elements of 1, 2, 4 or 8 bytes");
-  }
+  by_element_bytes(element_bytes, "flexpar::sbp::transpose (device)",
+                   [&](auto word) { launch_transpose<decltype(word)>(in, out, rows, cols, s); });
 }
 
 }  // namespace flexpar::cuda::detail
