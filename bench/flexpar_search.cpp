@@ -7,6 +7,7 @@
 //   flexpar_search --bench
 //   mpiexec -n 2 flexpar_search --run [--batch 256]   # real CPU-rank steps of MLP strategies vs the simulator
 //   mpiexec -n 2 flexpar_search --model cnn_small --run [--side 16 --channels 16]   # the same for the small CNN
+//   mpiexec -n 2 flexpar_search --run --gpu   # the same steps with every tensor on the GPU (CUDA builds)
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -24,6 +25,13 @@
 #include <flexpar/search/execute.hpp>
 #include <flexpar/search/mcmc.hpp>
 #include <flexpar/search/profile.hpp>
+#include <flexpar/version.hpp>
+#if FLEXPAR_HAVE_CUDA
+#include <optional>
+
+#include <flexpar/cuda/sbp.hpp>
+#include <flexpar/cuda/search.hpp>
+#endif
 
 namespace {
 
@@ -202,6 +210,7 @@ struct run_options {
   std::string model = "mlp";  // mlp or cnn_small
   std::size_t batch = 0, width = 256, side = 16, channels = 16, steps = 20, iterations = 2000;
   std::uint64_t seed = 1;
+  bool gpu = false;  // every tensor on the GPU (node-local rank modulo the devices)
 };
 
 int run_on_ranks(int argc, char** argv, const run_options& ro) {
@@ -216,6 +225,20 @@ int run_on_ranks(int argc, char** argv, const run_options& ro) {
     flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
     const int p = comm.size();
     const bool root = comm.rank() == 0;
+#if FLEXPAR_HAVE_CUDA
+    const flexpar::sbp::placement<1> ranks(comm, {p});
+    std::optional<flexpar::cuda::device_placement<1>> gpu;
+    if (ro.gpu) {
+      if (flexpar::cuda::device_count() == 0) {
+        if (root) std::fprintf(stderr, "flexpar_search --gpu: no CUDA device is present\n");
+        MPI_Finalize();
+        return 77;  // ctest's skip code
+      }
+      gpu.emplace(ranks, comm.topology().local_rank() % flexpar::cuda::device_count());
+    }
+#else
+    if (ro.gpu) throw flexpar::usage_error("--gpu: this flexpar was built without CUDA (FLEXPAR_WITH_CUDA)");
+#endif
     const cluster cl = measure_cluster(comm, 512);
     const std::size_t width = ro.width;
     const graph g = cnn ? reference::cnn_small(batch, ro.side, ro.channels)
@@ -269,6 +292,12 @@ int run_on_ranks(int argc, char** argv, const run_options& ro) {
     cases.emplace_back("searched", found.best);
     const float lr = 1.0f / 1024;
     const execution_result serial = execute_serial(g, x, w, lr);
+    auto execute = [&](const strategy& s, std::size_t steps) {
+#if FLEXPAR_HAVE_CUDA
+      if (gpu) return flexpar::cuda::execute_steps(*gpu, g, s, x, w, lr, steps);
+#endif
+      return execute_steps(comm, g, s, x, w, lr, steps);
+    };
     if (root) {
       std::printf(
           "cluster measured on this machine: %d ranks, %.2f GFLOP/s per rank, memory %.1f GB/s, link alpha %.2f us, "
@@ -278,6 +307,10 @@ int run_on_ranks(int argc, char** argv, const run_options& ro) {
       for (const op& op_i : g.ops) flops += op_i.forward_flops;
       std::printf("%s: %zu ops, batch %zu, %.1f MFLOP per forward pass\n", g.name.c_str(), g.ops.size(), batch,
                   flops / 1e6);
+      if (ro.gpu)
+        std::printf(
+            "executed on the GPU: every tensor in device memory; the simulated columns are the model "
+            "calibrated on the CPU ranks above\n");
       std::printf(
           "| strategy | SBP per op with weights | simulated ms (FLOP model) | simulated ms (measured kernels) | "
           "measured ms (median of %zu rounds of 5 steps) | error (kernels) | max |y - serial| |\n"
@@ -293,14 +326,14 @@ int run_on_ranks(int argc, char** argv, const run_options& ro) {
     std::vector<double> diff(cases.size(), 0);
     for (std::size_t k = 0; k < cases.size(); ++k) {
       if (!executable(g, cases[k].second, p)) continue;
-      const execution_result once = execute_steps(comm, g, cases[k].second, x, w, lr, 1);
+      const execution_result once = execute(cases[k].second, 1);
       for (std::size_t e = 0; e < once.output.size(); ++e)
         diff[k] = std::max(diff[k], static_cast<double>(std::abs(once.output[e] - serial.output[e])));
     }
     for (std::size_t round = 0; round < std::max<std::size_t>(1, ro.steps / per_round); ++round)
       for (std::size_t k = 0; k < cases.size(); ++k)
         if (executable(g, cases[k].second, p))
-          seconds[k].push_back(execute_steps(comm, g, cases[k].second, x, w, lr, per_round).median_step_seconds);
+          seconds[k].push_back(execute(cases[k].second, per_round).median_step_seconds);
     for (std::size_t k = 0; k < cases.size(); ++k) {
       const auto& [name, s] = cases[k];
       if (seconds[k].empty()) {
@@ -363,6 +396,9 @@ int main(int argc, char** argv) {
   app.add_flag("--run", run,
                "under mpiexec: execute the strategies of --model mlp (default here) or cnn_small on the ranks, next "
                "to the simulated times");
+  app.add_flag("--gpu", ro.gpu,
+               "--run: every tensor on the GPU (node-local rank modulo the devices; CUDA builds; exit 77 without a "
+               "device)");
   app.add_option("--steps", ro.steps, "--run: training steps per strategy")->capture_default_str();
   app.add_option("--width", ro.width, "--run: MLP width (layers width -> 4 width -> 4 width -> width)")
       ->capture_default_str();

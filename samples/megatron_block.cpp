@@ -113,9 +113,11 @@ std::vector<float> block_gpu(flexpar::communicator& comm, const sizes& s, const 
   auto partial_y = matmul(H, W2);  // (S(1), S(0)) -> P(sum), in device memory
   static_assert(std::is_same_v<decltype(partial_y), global_tensor<float, partial_sum, device>>);
   auto Y = to<broadcast>(std::move(partial_y));  // the device allreduce
+  // NCCL where every rank has a GPU of its own (one process per GPU), CUDA IPC where they share one
+  const auto path = gpu.axis(0).choose("allreduce", Y.to_local().size() * sizeof(float)).path;
   if (comm.rank() == 0)
-    std::printf("1-D mesh of %d on GPU %d: H is %s, one device allreduce\n", comm.size(), gpu.device(),
-                to_string<decltype(H)::sbp_type>().c_str());
+    std::printf("1-D mesh of %d on GPU %d: H is %s, one device allreduce (%s path)\n", comm.size(), gpu.device(),
+                to_string<decltype(H)::sbp_type>().c_str(), std::string(flexpar::cuda::name_of(path)).c_str());
   return Y.download();  // my shard (B: the whole y) copied to the host
 }
 // [/snippet:megatron_gpu]

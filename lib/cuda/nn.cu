@@ -110,6 +110,64 @@ void relu_backward(device_span<const float> da, device_span<const float> a, devi
       s, "cuda::relu_backward");
 }
 
+namespace detail {
+namespace {
+/// The input index (within its plane) of the first maximum of output (i, j)'s window.
+__device__ inline std::size_t pool_argmax(const pool_geometry& g, const float* plane, std::size_t i, std::size_t j) {
+  std::size_t best = i * g.stride * g.width + j * g.stride;
+  for (std::size_t r = 0; r < g.window; ++r)
+    for (std::size_t c = 0; c < g.window; ++c) {
+      const std::size_t at = (i * g.stride + r) * g.width + j * g.stride + c;
+      if (plane[at] > plane[best]) best = at;
+    }
+  return best;
+}
+
+void check_pool(const char* op, const pool_geometry& g, std::size_t x, std::size_t y) {
+  if (g.window == 0 || g.stride == 0)
+    throw usage_error(std::string("cuda::").append(op).append(": a window and a stride of at least 1 are needed"));
+  check_length(op, "x", x, g.planes * g.height * g.width);
+  check_length(op, "y", y, g.planes * g.out_height() * g.out_width());
+}
+}  // namespace
+}  // namespace detail
+
+void max_pool(const pool_geometry& g, device_span<const float> x, device_span<float> y, cudaStream_t s) {
+  detail::check_pool("max_pool", g, x.size(), y.size());
+  const std::size_t ph = g.out_height(), pw = g.out_width();
+  detail::for_each_index(
+      y.size(),
+      [g, ph, pw, x = x.data(), y = y.data()] __device__(std::size_t k) {
+        const std::size_t p = k / (ph * pw), i = k / pw % ph, j = k % pw;
+        const float* plane = x + p * g.height * g.width;
+        y[k] = plane[detail::pool_argmax(g, plane, i, j)];
+      },
+      s, "cuda::max_pool");
+}
+
+void max_pool_backward(const pool_geometry& g, device_span<const float> x, device_span<const float> dy,
+                       device_span<float> dx, cudaStream_t s) {
+  detail::check_pool("max_pool_backward", g, x.size(), dy.size());
+  detail::check_length("max_pool_backward", "dx", dx.size(), x.size());
+  const std::size_t ph = g.out_height(), pw = g.out_width();
+  detail::for_each_index(
+      dx.size(),
+      [g, ph, pw, x = x.data(), dy = dy.data(), dx = dx.data()] __device__(std::size_t e) {
+        const std::size_t plane_size = g.height * g.width, p = e / plane_size, at = e % plane_size;
+        const std::size_t r = at / g.width, c = at % g.width;
+        // the outputs whose window holds (r, c): i * stride <= r < i * stride + window, i < ph
+        const std::size_t i0 = r + 1 > g.window ? (r + 1 - g.window + g.stride - 1) / g.stride : 0;
+        const std::size_t j0 = c + 1 > g.window ? (c + 1 - g.window + g.stride - 1) / g.stride : 0;
+        const float* plane = x + p * plane_size;
+        float sum = 0.0f;
+        for (std::size_t i = i0; i < ph && i * g.stride <= r; ++i)
+          for (std::size_t j = j0; j < pw && j * g.stride <= c; ++j)
+            if (detail::pool_argmax(g, plane, i, j) == at) sum += dy[(p * ph + i) * pw + j];
+        dx[e] = sum;
+      },
+      s, "cuda::max_pool_backward");
+}
+
 void softmax_cross_entropy(device_span<float> logits, device_span<const std::uint8_t> labels, std::size_t rows,
                            std::size_t classes, float gradient_scale, score_sums* sums, cudaStream_t s) {
   detail::check_length("softmax_cross_entropy", "logits", logits.size(), rows * classes);

@@ -1,45 +1,19 @@
-// lib/search/execute.cpp — running a strategy through sbp::dynamic_tensor (header: flexpar/search/execute.hpp).
+// lib/search/execute.cpp — running a strategy through sbp::dynamic_tensor (header: flexpar/search/execute.hpp;
+// the steps themselves: lib/search/executor.hpp, shared with the device executor).
 #include <cblas.h>
 
-#include <flexpar/collective.hpp>
-#include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/search/execute.hpp>
 
 #include <algorithm>
-#include <chrono>
-#include <optional>
+
+#include "executor.hpp"
 
 namespace flexpar::search {
 
-using sbp::nd_parallel;
-using sbp::parallel;
-using sbp::shape_t;
-using tensor = sbp::dynamic_tensor<float, 1>;
-
+namespace detail {
 namespace {
-
-std::string op_context(std::size_t i, const op& o) {
-  std::string s("search::execute_steps: op ");
-  s.append(std::to_string(i)).append(" '").append(o.name).append("': ");
-  return s;
-}
-
-/// What the executor runs for one op.
-enum class step_kind : unsigned char { linear, conv2d, relu, max_pool };
-
-/// One op as the executor runs it: tensor shapes (activations [N, C] or [N, C, H, W]) and geometry.
-struct op_step {
-  step_kind kind = step_kind::linear;
-  shape_t produced;        ///< the producer's output (or the data) as held
-  shape_t in;              ///< what the op reads: `produced`, or it flattened to [N, C*H*W] (a linear after maps)
-  shape_t out;             ///< what it writes
-  shape_t weight;          ///< linear [in, out], conv2d [K, C, k, k]; empty: no weight
-  std::size_t pad = 0;     ///< conv2d: (k - 1) / 2, 'same' padding
-  std::size_t window = 1;  ///< max_pool: k x k
-  std::size_t stride = 1;  ///< max_pool
-};
 
 std::size_t square_side(std::size_t n) {
   std::size_t s = 0;
@@ -47,8 +21,21 @@ std::size_t square_side(std::size_t n) {
   return s * s == n ? s : 0;
 }
 
-/// The executor's plan of `g` under `s` on `ranks` ranks. @throws usage_error naming the op for anything
-/// it cannot run.
+/// The SBP of the transpose (split axes swapped).
+nd_parallel transposed(nd_parallel s) {
+  for (std::size_t d = 0; d < s.rank; ++d)
+    if (s[d].is_split()) s[d] = parallel::S(1 - s[d].axis);
+  return s;
+}
+
+}  // namespace
+
+std::string op_context(std::size_t i, const op& o) {
+  std::string s("search::execute_steps: op ");
+  s.append(std::to_string(i)).append(" '").append(o.name).append("': ");
+  return s;
+}
+
 std::vector<op_step> plan_steps(const graph& g, const strategy& s, int ranks) {
   if (s.size() != g.ops.size())
     throw usage_error(std::string("search::execute_steps: the strategy has ")
@@ -169,25 +156,11 @@ std::vector<op_step> plan_steps(const graph& g, const strategy& s, int ranks) {
   return steps;
 }
 
-/// The gradient layout of a tensor laid out as `s`: P(sum) -> B, the rest unchanged.
-nd_parallel gradient_of(nd_parallel s) {
-  for (std::size_t d = 0; d < s.rank; ++d)
-    if (s[d].is_partial()) s[d] = parallel::B();
-  return s;
-}
-
-/// The SBP of the transpose (split axes swapped).
-nd_parallel transposed(nd_parallel s) {
-  for (std::size_t d = 0; d < s.rank; ++d)
-    if (s[d].is_split()) s[d] = parallel::S(1 - s[d].axis);
-  return s;
-}
-
-/// a^T b or a b^T on the shards, BLAS transposing in place (no copies); the output's SBP from the matmul
-/// table on the transposed operand's SBP, which must have a signature (no boxing happens here).
-tensor gemm_transposed(const tensor& a, bool transpose_a, const tensor& b, bool transpose_b, const char* what) {
-  const nd_parallel la = transpose_a ? transposed(a.layout()) : a.layout();
-  const nd_parallel lb = transpose_b ? transposed(b.layout()) : b.layout();
+transposed_product plan_product(const nd_parallel& a, const shape_t& a_shape, const sbp::box& a_box, bool transpose_a,
+                                const nd_parallel& b, const shape_t& b_shape, const sbp::box& b_box, bool transpose_b,
+                                const char* what) {
+  const nd_parallel la = transpose_a ? transposed(a) : a;
+  const nd_parallel lb = transpose_b ? transposed(b) : b;
   const sbp::nd_signature_result sig =
       sbp::nd_signature([](const parallel& x, const parallel& y) { return sbp::signature::matmul(x, y); }, la, lb);
   if (!sig.ok)
@@ -197,38 +170,25 @@ tensor gemm_transposed(const tensor& a, bool transpose_a, const tensor& b, bool 
                           .append(sbp::to_string(la))
                           .append(" x ")
                           .append(sbp::to_string(lb)));
-  const std::size_t m = transpose_a ? a.shape()[1] : a.shape()[0], n = transpose_b ? b.shape()[0] : b.shape()[1];
-  if (!a.where().contains_me()) return tensor::adopt(a.where(), {m, n}, sig.out, {});
-  const sbp::box ba = a.my_box(), bb = b.my_box();
-  const std::size_t rows = transpose_a ? ba.extent[1] : ba.extent[0], inner = transpose_a ? ba.extent[0] : ba.extent[1];
-  const std::size_t cols = transpose_b ? bb.extent[0] : bb.extent[1];
-  aligned_vector<float> c = a.where().pool().acquire<float>(rows * cols);  // from the pool: reused, not zeroed
-  if (inner == 0) std::fill(c.begin(), c.end(), 0.0f);                     // an empty sum (beta = 0 writes the rest)
-  if (rows > 0 && cols > 0 && inner > 0)
-    cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(rows), static_cast<int>(cols), static_cast<int>(inner), 1.0f, a.to_local().data(),
-                static_cast<int>(ba.extent[1]), b.to_local().data(), static_cast<int>(bb.extent[1]), 0.0f, c.data(),
-                static_cast<int>(cols));
-  return tensor::adopt(a.where(), {m, n}, sig.out, std::move(c));
+  transposed_product p;
+  p.m = transpose_a ? a_shape[1] : a_shape[0];
+  p.n = transpose_b ? b_shape[0] : b_shape[1];
+  p.out = sig.out;
+  if (a_box.extent.size() == 2 && b_box.extent.size() == 2) {
+    p.rows = transpose_a ? a_box.extent[1] : a_box.extent[0];
+    p.inner = transpose_a ? a_box.extent[0] : a_box.extent[1];
+    p.cols = transpose_b ? b_box.extent[0] : b_box.extent[1];
+  }
+  return p;
 }
 
-tensor map_local(const tensor& t, aligned_vector<float> values) {
-  return tensor::adopt(t.where(), t.shape(), t.layout(), std::move(values));
-}
+}  // namespace detail
 
-/// A copy of `t`'s shard in a buffer of its placement's pool (the start of an element-wise step).
-aligned_vector<float> pooled_copy(const tensor& t) { return t.where().pool().acquire_copy(t.to_local()); }
+namespace {
 
-/// The same logical tensor with another shape that keeps axis 0 (the flatten [N, C, H, W] <-> [N, C*H*W]):
-/// free for S(0), B and P; a split of another axis is boxed to S(0) first (an all-to-all).
-tensor reshaped(tensor t, const shape_t& shape) {
-  nd_parallel l = t.layout();
-  for (std::size_t d = 0; d < l.rank; ++d)
-    if (l[d].is_split() && l[d].axis != 0) l[d] = parallel::S(0);
-  if (!(l == t.layout())) t = to(std::move(t), l);
-  const auto& where = t.where();                                  // release() takes the shard only: the placement stays
-  return tensor::adopt(where, shape, l, std::move(t).release());  // the same shard, no copy
-}
+using detail::op_step;
+using detail::step_kind;
+using sbp::shape_t;
 
 /// k x k max pooling of `planes` planes [h, w] -> [ph, pw] with stride `stride`: for each output the index
 /// (within its plane) of the first maximum of its window in row-major scan order.
@@ -268,11 +228,71 @@ void pool_backward(const float* x, const float* dy, std::size_t planes, std::siz
   for (std::size_t k = 0; k < arg.size(); ++k) dx[(k / per) * h * w + arg[k]] += dy[k];
 }
 
+/// The executor's local steps on host shards (lib/search/executor.hpp): OpenBLAS for the transposed
+/// products, loops for the rest, every buffer from the mesh's pool.
+struct host_backend {
+  using tensor = sbp::dynamic_tensor<float, 1>;
+  const sbp::placement<1>& mesh;
+
+  [[nodiscard]] tensor from_full(const shape_t& shape, const sbp::nd_parallel& s, std::span<const float> data) const {
+    return tensor::from_full(mesh, shape, s, data);
+  }
+  /// a^T b or a b^T on the shards, the BLAS transposing in place (no copies).
+  [[nodiscard]] tensor product(const tensor& a, bool transpose_a, const tensor& b, bool transpose_b,
+                               const char* what) const {
+    const sbp::box ba = a.my_box(), bb = b.my_box();
+    const detail::transposed_product p =
+        detail::plan_product(a.layout(), a.shape(), ba, transpose_a, b.layout(), b.shape(), bb, transpose_b, what);
+    if (!mesh.contains_me()) return tensor::adopt(mesh, {p.m, p.n}, p.out, {});
+    aligned_vector<float> c = mesh.pool().acquire<float>(p.rows * p.cols);  // from the pool: reused, not zeroed
+    if (p.inner == 0) std::fill(c.begin(), c.end(), 0.0f);                  // an empty sum (beta = 0 writes the rest)
+    if (p.rows > 0 && p.cols > 0 && p.inner > 0)
+      cblas_sgemm(CblasRowMajor, transpose_a ? CblasTrans : CblasNoTrans, transpose_b ? CblasTrans : CblasNoTrans,
+                  static_cast<int>(p.rows), static_cast<int>(p.cols), static_cast<int>(p.inner), 1.0f,
+                  a.to_local().data(), static_cast<int>(ba.extent[1]), b.to_local().data(),
+                  static_cast<int>(bb.extent[1]), 0.0f, c.data(), static_cast<int>(p.cols));
+    return tensor::adopt(mesh, {p.m, p.n}, p.out, std::move(c));
+  }
+  [[nodiscard]] tensor relu(const tensor& x) const {
+    aligned_vector<float> v = mesh.pool().acquire_copy(x.to_local());
+    for (float& e : v) e = e > 0 ? e : 0.0f;
+    return tensor::adopt(mesh, x.shape(), x.layout(), std::move(v));
+  }
+  /// dy (in y's layout) where the output y is positive, else 0.
+  [[nodiscard]] tensor relu_backward(const tensor& dy, const tensor& y) const {
+    aligned_vector<float> v = mesh.pool().acquire_copy(dy.to_local());
+    const auto o = y.to_local();
+    for (std::size_t k = 0; k < v.size(); ++k)
+      if (!(o[k] > 0)) v[k] = 0.0f;
+    return tensor::adopt(mesh, dy.shape(), dy.layout(), std::move(v));
+  }
+  [[nodiscard]] tensor max_pool(const tensor& x, const op_step& st) const {
+    const sbp::box b = x.my_box();
+    aligned_vector<float> y = mesh.pool().acquire<float>(b.extent[0] * b.extent[1] * st.out[2] * st.out[3]);
+    pool_forward(x.to_local().data(), b.extent[0] * b.extent[1], b.extent[2], b.extent[3], st, y.data());
+    return tensor::adopt(mesh, st.out, x.layout(), std::move(y));
+  }
+  [[nodiscard]] tensor max_pool_backward(const tensor& x, const tensor& dy, const op_step& st) const {
+    const sbp::box b = x.my_box();
+    aligned_vector<float> dx = mesh.pool().acquire<float>(b.elements());
+    pool_backward(x.to_local().data(), dy.to_local().data(), b.extent[0] * b.extent[1], b.extent[2], b.extent[3], st,
+                  dx.data());
+    return tensor::adopt(mesh, x.shape(), x.layout(), std::move(dx));
+  }
+  [[nodiscard]] tensor sgd(const tensor& w, const tensor& dw, float lr) const {
+    aligned_vector<float> updated = mesh.pool().acquire_copy(w.to_local());
+    const auto g = dw.to_local();
+    for (std::size_t k = 0; k < updated.size(); ++k) updated[k] -= lr * g[k];
+    return tensor::adopt(mesh, w.shape(), w.layout(), std::move(updated));
+  }
+  void settle() const {}
+};
+
 }  // namespace
 
 bool executable(const graph& g, const strategy& s, int ranks) {
   try {
-    (void)plan_steps(g, s, ranks);
+    (void)detail::plan_steps(g, s, ranks);
   } catch (const usage_error&) {
     return false;
   }
@@ -281,116 +301,15 @@ bool executable(const graph& g, const strategy& s, int ranks) {
 
 execution_result execute_steps(communicator& comm, const graph& g, const strategy& s, std::span<const float> input,
                                std::vector<std::vector<float>> weights, float lr, std::size_t steps) {
-  const std::vector<op_step> plan = plan_steps(g, s, comm.size());
-  sbp::placement<1> mesh(comm, {comm.size()});
-  const std::size_t n = g.ops.size();
-  std::vector<sbp_signature> sig;
-  for (std::size_t i = 0; i < n; ++i) sig.push_back(signature_of(g.ops[i], s[i]));
-  std::vector<std::optional<tensor>> w(n);
-  for (std::size_t i = 0; i < n; ++i)
-    if (!plan[i].weight.empty()) w[i] = tensor::from_full(mesh, plan[i].weight, sig[i].weight, weights.at(i));
-  auto expect_layout = [&](std::size_t i, const tensor& t, const char* what) {
-    if (!(t.layout() == sig[i].output))
-      throw usage_error(op_context(i, g.ops[i])
-                            .append(what)
-                            .append(" produced ")
-                            .append(sbp::to_string(t.layout()))
-                            .append(", the signature says ")
-                            .append(sbp::to_string(sig[i].output)));
-  };
-  execution_result result;
-  std::vector<double> times;
-  for (std::size_t step = 0; step < steps; ++step) {
-    const auto start = std::chrono::steady_clock::now();
-    // forward: keep each op's (boxed) input and its output
-    std::vector<std::optional<tensor>> in(n), out(n);
-    tensor x = tensor::from_full(mesh, plan[0].produced, sig[0].input, input);
-    for (std::size_t i = 0; i < n; ++i) {
-      const op_step& st = plan[i];
-      if (st.in != st.produced) x = reshaped(std::move(x), st.in);
-      in[i] = to(std::move(x), sig[i].input);
-      switch (st.kind) {
-        case step_kind::linear:
-          out[i] = sbp::matmul(*in[i], *w[i]);
-          expect_layout(i, *out[i], "matmul");
-          break;
-        case step_kind::conv2d:
-          out[i] = sbp::conv2d(*in[i], *w[i], st.pad);
-          expect_layout(i, *out[i], "conv2d");
-          break;
-        case step_kind::relu: {
-          aligned_vector<float> v = pooled_copy(*in[i]);
-          for (float& e : v) e = e > 0 ? e : 0.0f;
-          out[i] = map_local(*in[i], std::move(v));
-          break;
-        }
-        case step_kind::max_pool: {  // input S(0), S(1) or B: whole planes on each rank
-          const sbp::box b = in[i]->my_box();
-          aligned_vector<float> y = mesh.pool().acquire<float>(b.extent[0] * b.extent[1] * st.out[2] * st.out[3]);
-          pool_forward(in[i]->to_local().data(), b.extent[0] * b.extent[1], b.extent[2], b.extent[3], st, y.data());
-          out[i] = tensor::adopt(mesh, st.out, in[i]->layout(), std::move(y));
-          break;
-        }
-      }
-      x = out[i]->clone();
-    }
-    // backward: dy = y (loss 1/2 |y|^2)
-    tensor dy = to(out[n - 1]->clone(), gradient_of(out[n - 1]->layout()));
-    for (std::size_t i = n; i-- > 0;) {
-      const op_step& st = plan[i];
-      dy = to(std::move(dy), gradient_of(sig[i].output));
-      switch (st.kind) {
-        case step_kind::linear:
-        case step_kind::conv2d: {
-          const bool conv = st.kind == step_kind::conv2d;
-          tensor dw = to(conv ? sbp::conv2d_grad_weight(*in[i], dy, st.pad)
-                              : gemm_transposed(*in[i], true, dy, false, "weight gradient"),
-                         sig[i].weight);
-          tensor dx = conv ? sbp::conv2d_grad_input(dy, *w[i], st.pad)
-                           : gemm_transposed(dy, false, *w[i], true, "input gradient");
-          aligned_vector<float> updated = pooled_copy(*w[i]);
-          const auto g_local = dw.to_local();
-          for (std::size_t k = 0; k < updated.size(); ++k) updated[k] -= lr * g_local[k];
-          w[i] = map_local(*w[i], std::move(updated));
-          dy = std::move(dx);
-          break;
-        }
-        case step_kind::relu: {  // pass the gradient where the output is positive, in the output's layout
-          dy = to(std::move(dy), out[i]->layout());
-          aligned_vector<float> v = pooled_copy(dy);
-          const auto o = out[i]->to_local();
-          for (std::size_t k = 0; k < v.size(); ++k)
-            if (!(o[k] > 0)) v[k] = 0.0f;
-          dy = map_local(dy, std::move(v));
-          break;
-        }
-        case step_kind::max_pool: {
-          dy = to(std::move(dy), out[i]->layout());
-          const sbp::box b = in[i]->my_box();
-          aligned_vector<float> dx = mesh.pool().acquire<float>(b.elements());
-          pool_backward(in[i]->to_local().data(), dy.to_local().data(), b.extent[0] * b.extent[1], b.extent[2],
-                        b.extent[3], st, dx.data());
-          dy = tensor::adopt(mesh, st.in, in[i]->layout(), std::move(dx));
-          break;
-        }
-      }
-      if (st.in != st.produced) dy = reshaped(std::move(dy), st.produced);
-    }
-    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    allreduce(comm, std::span<double>(&t, 1), reduce_op::max);
-    times.push_back(t);
-    if (step + 1 == steps) result.output = to(out[n - 1]->clone(), gradient_of(out[n - 1]->layout())).to_full();
-  }
-  for (std::size_t i = 0; i < n; ++i) result.weights.push_back(w[i] ? w[i]->to_full() : std::vector<float>{});
-  std::sort(times.begin(), times.end());
-  result.median_step_seconds = times.empty() ? 0 : times[times.size() / 2];
-  return result;
+  const std::vector<op_step> plan = detail::plan_steps(g, s, comm.size());
+  const sbp::placement<1> mesh(comm, {comm.size()});
+  return detail::run_steps(host_backend{mesh}, comm, g, s, plan, input, weights, lr, steps);
 }
 
 execution_result execute_serial(const graph& g, std::span<const float> input, std::vector<std::vector<float>> weights,
                                 float lr) {
   const strategy one_device(g.ops.size(), soap_config{});
-  const std::vector<op_step> plan = plan_steps(g, one_device, 1);
+  const std::vector<op_step> plan = detail::plan_steps(g, one_device, 1);
   const std::size_t n = g.ops.size(), batch = g.ops.front().batch;
   std::vector<std::vector<float>> acts{std::vector<float>(input.begin(), input.end())};  // acts[i]: input of op i
   // direct loops (no im2col, no BLAS): the oracle of the distributed run

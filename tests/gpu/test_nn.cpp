@@ -2,12 +2,14 @@
 // GEMM in every transpose combination (f32 against a double-precision loop, within f32 rounding of
 // k terms; bf16 with f32 accumulation against the same loop on the bf16 values), column sums, and the
 // small kernels exactly (fill_rows, relu, relu_backward, gather_rows), softmax cross-entropy within
-// float rounding of the host's, SGD with momentum bit for bit against relax::sgd.
+// float rounding of the host's, SGD with momentum bit for bit against relax::sgd, max pooling and its
+// gradient exactly against serial loops.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <flexpar/cuda/blas.hpp>
@@ -153,6 +155,52 @@ TEST(CudaNn, SmallKernelsAreExact) {
   EXPECT_THROW(fc::relu_backward(fc::device_span<const float>(dg.span()),
                                  fc::device_span<const float>(z.span().first(3)), dg.span(), s),
                flexpar::usage_error);
+}
+
+// max pooling against serial loops (the first maximum of each window in row-major order; the
+// gradient added at it in output order), over overlapping windows (stride < window), a stride that
+// leaves a remainder, and values in {-1, 0, 1} so that windows tie often.
+TEST(CudaNn, MaxPoolAndItsGradientEqualSerialLoops) {
+  fc::stream s;
+  for (const fc::pool_geometry g : {fc::pool_geometry{6, 9, 7, 3, 1}, fc::pool_geometry{6, 9, 7, 3, 2},
+                                    fc::pool_geometry{4, 8, 8, 2, 2}, fc::pool_geometry{2, 5, 5, 5, 3}}) {
+    const std::size_t ph = g.out_height(), pw = g.out_width(), plane = g.height * g.width;
+    std::vector<float> x(g.planes * plane), dy(g.planes * ph * pw);
+    std::mt19937 rng(static_cast<std::uint32_t>(g.window * 10 + g.stride));
+    for (float& e : x) e = static_cast<float>(static_cast<int>(rng() % 3) - 1);
+    for (float& e : dy) e = static_cast<float>(static_cast<int>(rng() % 7) - 3) / 4.0f;
+    std::vector<float> y(dy.size()), dx(x.size(), 0.0f);
+    for (std::size_t p = 0; p < g.planes; ++p)
+      for (std::size_t i = 0; i < ph; ++i)
+        for (std::size_t j = 0; j < pw; ++j) {
+          std::size_t best = i * g.stride * g.width + j * g.stride;
+          for (std::size_t r = 0; r < g.window; ++r)
+            for (std::size_t c = 0; c < g.window; ++c) {
+              const std::size_t at = (i * g.stride + r) * g.width + j * g.stride + c;
+              if (x[p * plane + at] > x[p * plane + best]) best = at;
+            }
+          const std::size_t k = (p * ph + i) * pw + j;
+          y[k] = x[p * plane + best];
+          dx[p * plane + best] += dy[k];
+        }
+    auto dxin = upload(x, s), ddy = upload(dy, s);
+    fc::device_buffer<float> dyout(y.size()), ddx(x.size());
+    fc::max_pool(g, fc::device_span<const float>(dxin.span()), dyout.span(), s);
+    fc::max_pool_backward(g, fc::device_span<const float>(dxin.span()), fc::device_span<const float>(ddy.span()),
+                          ddx.span(), s);
+    const std::string what = std::to_string(g.window) + "x" + std::to_string(g.window) + " stride " +
+                             std::to_string(g.stride) + " over " + std::to_string(g.height) + "x" +
+                             std::to_string(g.width);
+    EXPECT_EQ(download(fc::device_span<const float>(dyout.span()), s), y) << what;
+    EXPECT_EQ(download(fc::device_span<const float>(ddx.span()), s), dx) << what;
+  }
+  fc::device_buffer<float> small(3), out(1);
+  EXPECT_THROW(
+      fc::max_pool(fc::pool_geometry{1, 2, 2, 2, 2}, fc::device_span<const float>(small.span()), out.span(), s),
+      flexpar::usage_error);
+  EXPECT_THROW(
+      fc::max_pool(fc::pool_geometry{1, 1, 3, 1, 0}, fc::device_span<const float>(small.span()), out.span(), s),
+      flexpar::usage_error);
 }
 
 TEST(CudaNn, SoftmaxCrossEntropyMatchesTheHost) {

@@ -9,6 +9,7 @@
 // | fill_rows, relu, relu_backward, gather_rows | the loops of samples/support/mlp.hpp | exact     |
 // | softmax_cross_entropy       | mlp::score (samples/support/mlp.hpp)          | float rounding (exp, log) |
 // | sgd_momentum                | relax::sgd on factor * g                      | bit for bit        |
+// | max_pool, max_pool_backward | the search executor's pooling (lib/search)    | exact              |
 //
 //   flexpar::cuda::fill_rows(z, bias, batch, out, s);       // Z = 1 b^T, then Z += A W by cuBLAS
 //   flexpar::cuda::relu(z, s);
@@ -57,6 +58,32 @@ void softmax_cross_entropy(device_span<float> logits, device_span<const std::uin
 
 /// Sets *sums to zero on `s`.
 void reset(score_sums* sums, cudaStream_t s);
+
+/// The geometry of a k x k max pooling with stride `stride` over `planes` planes [height, width]:
+/// outputs [planes, (height - window) / stride + 1, (width - window) / stride + 1].
+struct pool_geometry {
+  std::size_t planes = 0;  ///< batch x channels
+  std::size_t height = 0;  ///< input rows per plane
+  std::size_t width = 0;   ///< input columns per plane
+  std::size_t window = 1;  ///< k (a k x k window)
+  std::size_t stride = 1;  ///< between windows, both directions
+
+  /// Output rows per plane (0 when the window does not fit).
+  [[nodiscard]] std::size_t out_height() const noexcept { return height < window ? 0 : (height - window) / stride + 1; }
+  /// Output columns per plane (0 when the window does not fit).
+  [[nodiscard]] std::size_t out_width() const noexcept { return width < window ? 0 : (width - window) / stride + 1; }
+};
+
+/// y = the maximum of each window of x, the first in row-major scan order on ties (the one whose
+/// position max_pool_backward credits). @throws usage_error when a span's length is not the geometry's
+/// or the window or stride is 0.
+void max_pool(const pool_geometry& g, device_span<const float> x, device_span<float> y, cudaStream_t s);
+
+/// The input gradient of max_pool: dx[i] = the sum, over the outputs whose window's first maximum is
+/// input i, of their dy, added in output order from zero (as the host executor's loop, so the two are
+/// bit-identical where windows overlap). dx is overwritten. @throws usage_error as max_pool.
+void max_pool_backward(const pool_geometry& g, device_span<const float> x, device_span<const float> dy,
+                       device_span<float> dx, cudaStream_t s);
 
 /// SGD with momentum on every element: g = factor * gradient (+ weight_decay * weight);
 /// buffer = momentum * buffer + g; weight -= learning_rate * buffer (momentum 0: weight -=

@@ -20,6 +20,7 @@
 // blocks, and the padding never reaches a result.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <map>
@@ -40,6 +41,7 @@
 #include <flexpar/sbp/boxing/placement_change.hpp>
 #include <flexpar/sbp/boxing/route.hpp>
 #include <flexpar/sbp/boxing/same_placement.hpp>
+#include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/sbp/global_tensor.hpp>
 #include <flexpar/sbp/layout.hpp>
 #include <flexpar/sbp/ops.hpp>
@@ -145,6 +147,8 @@ class device_placement {
     }
     return *c;
   }
+  /// The settings of the axis communicators (their paths' cost models among them).
+  [[nodiscard]] const device_options& options() const noexcept { return s_->options; }
   /// The cuBLAS handle of this placement (made at first use).
   [[nodiscard]] blas& linear_algebra() const {
     if (!s_->la) {
@@ -577,22 +581,25 @@ requires(A != B) void box_axis_device(device_axis_view<T>& v, partial<A>, partia
                               ") has no one-step transform; box through B");
 }
 
-/// Runs the static route R on my device shard, one box_axis_device overload per step, each on the
-/// step's mesh axis's device communicator.
+/// Runs mesh axis d of one route step on my device shard (`local`, the shard under `before`) on the
+/// axis's device communicator (the device form of run_axis).
+template <class T, std::size_t MeshRank, one_axis_sbp From, one_axis_sbp To>
+void run_axis_device(const cuda::device_placement<MeshRank>& where, const shape_t& shape, const nd_parallel& before,
+                     std::size_t d, cuda::device_shard<T>& local) {
+  device_axis_view<T> v{where.axis(d), shard_box(shape, before, where.shape(), where.coords(), d).extent,
+                        std::move(local), where.pool(), where.stream()};
+  box_axis_device(v, From{}, To{});
+  local = std::move(v.local);
+}
+
+/// Runs the static route R on my device shard, one box_axis_device overload per step.
 template <class T, std::size_t MeshRank, route R>
 void run_route_device(const cuda::device_placement<MeshRank>& where, const shape_t& shape,
                       cuda::device_shard<T>& local) {
   [&]<std::size_t... K>(std::index_sequence<K...>) {
-    (
-        [&] {
-          constexpr route_step step = R.steps[K];
-          device_axis_view<T> v{where.axis(step.axis),
-                                shard_box(shape, R.before[K], where.shape(), where.coords(), step.axis).extent,
-                                std::move(local), where.pool(), where.stream()};
-          box_axis_device(v, type_of<step.from>{}, type_of<step.to>{});
-          local = std::move(v.local);
-        }(),
-        ...);
+    (run_axis_device<T, MeshRank, type_of<R.steps[K].from>, type_of<R.steps[K].to>>(where, shape, R.before[K],
+                                                                                    R.steps[K].axis, local),
+     ...);
   }
   (std::make_index_sequence<R.count>{});
 }
@@ -621,6 +628,58 @@ requires(!same_layout<From, To>) auto to(global_tensor<T, From, memory::cuda>&& 
     }
     return global_tensor<T, To, memory::cuda>::adopt(where, shape, std::move(local));
   }
+}
+
+/// The predicted seconds of boxing a device tensor of `shape` (elements of `element_bytes` bytes) from
+/// `from` to `to` on `gpu`: the route plan() takes, each step priced on its mesh axis's device
+/// communicator — the collective at the path that communicator's choose() picks (NCCL, CUDA IPC or
+/// staged, by their cost models on the device links; gpu.options() sets them) — plus the packs, places,
+/// slices and fills of the step through device memory (read and write, options().device_gamma per
+/// byte). Identity is 0. Collective over the mesh where an axis's communicator is made (its first use).
+template <std::size_t N>
+double boxing_seconds(const shape_t& shape, const nd_parallel& from, const nd_parallel& to,
+                      const cuda::device_placement<N>& gpu, std::size_t element_bytes = 4) {
+  const route r = detail::dynamic_route(gpu.parent().rank(), from, to, gpu.shape());
+  const std::array<int, N> origin{};
+  const double per_copied_byte = 2 * gpu.options().device_gamma;
+  double seconds = 0;
+  for (std::size_t k = 0; k < r.count; ++k) {
+    const route_step& step = r.steps[k];
+    const int p = gpu.shape()[step.axis];
+    if (step.from == step.to || p == 1) continue;
+    const box held = shard_box(shape, r.before[k], gpu.shape(), origin, step.axis);
+    const double bytes = static_cast<double>(held.elements() * element_bytes), mine = bytes / p;
+    const parallel& split_side = step.from.is_split() ? step.from : step.to;  // the split of a split step
+    const bool outer =
+        split_side.is_split() && detail::around(held.extent, static_cast<std::size_t>(split_side.axis)).outer == 1;
+    auto collective = [&](const char* op, double b) {  // the path choose() picks, at its predicted seconds
+      const cuda::device_communicator::choice c = gpu.axis(step.axis).choose(op, static_cast<std::size_t>(b));
+      return std::min({c.nccl_seconds, c.ring_seconds, c.staged_seconds, c.ipc_seconds});
+    };
+    if (step.from.is_partial() && step.to.is_broadcast()) {
+      seconds += collective("allreduce", bytes);
+    } else if (step.from.is_partial() && step.to.is_split()) {
+      seconds += collective("reduce_scatter", bytes) + (outer ? 0 : bytes * per_copied_byte);  // the pack
+    } else if (step.from.is_split() && step.to.is_broadcast()) {
+      seconds += collective("allgather", bytes) + (outer ? 0 : bytes * per_copied_byte);  // the places
+    } else if (step.from.is_split() && step.to.is_split()) {
+      seconds += collective("alltoall", mine) + 2 * mine * per_copied_byte;  // pack and place
+    } else if (step.to.is_split()) {
+      seconds += outer ? 0 : mine * per_copied_byte;  // B -> S: my rows, a copy unless they are the front
+    } else if (step.from.is_split()) {
+      seconds += (bytes + mine) * per_copied_byte;  // S -> P: a fill and my rows
+    } else {
+      seconds += bytes * per_copied_byte;  // B -> P: a fill off coordinate 0
+    }
+  }
+  return seconds;
+}
+
+/// boxing_seconds of the static SBPs From and To (what boxing_cost is on the host, priced on the device).
+template <sbp_type From, sbp_type To, std::size_t N>
+double boxing_seconds(const shape_t& shape, const cuda::device_placement<N>& gpu, std::size_t element_bytes = 4) {
+  detail::check_mesh_rank<From, To>();
+  return boxing_seconds(shape, nd_of<From>::value, nd_of<To>::value, gpu, element_bytes);
 }
 
 /// Boxing of a device tensor that stays usable: boxes a copy.

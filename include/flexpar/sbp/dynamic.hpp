@@ -56,10 +56,50 @@ decltype(auto) visit(const parallel& p, F&& f) {
                         .append(" is not an SBP flexpar boxes (partial ops: sum, max, min)"));
 }
 
+namespace detail {
+/// @throws usage_error (on `rank`) unless `s` has one entry per mesh axis and splits axes of `shape`.
+inline void check_dynamic_layout(int rank, const shape_t& shape, const nd_parallel& s, std::size_t mesh_rank) {
+  if (s.rank != mesh_rank)
+    throw error_on<usage_error>(rank, "dynamic_tensor", "SBP ", to_string(s), " has ", s.rank,
+                                " entries; the placement mesh has ", mesh_rank, " axes");
+  for (std::size_t d = 0; d < s.rank; ++d)
+    if (s[d].is_split() && static_cast<std::size_t>(s[d].axis) >= shape.size())
+      throw error_on<usage_error>(rank, "dynamic_tensor", "SBP ", to_string(s), " splits tensor axis ", s[d].axis,
+                                  " but the shape ", to_string(shape), " has ", shape.size(), " axes");
+}
+
+/// The route of a run-time boxing from `from` to `target` on a mesh of `mesh_shape` (plan() on its
+/// extents). @throws usage_error (on `rank`) when `from` or `target` does not fit the mesh, or `target`
+/// mixes partial ops.
+inline route dynamic_route(int rank, const nd_parallel& from, const nd_parallel& target,
+                           std::span<const int> mesh_shape) {
+  for (const nd_parallel* s : {&from, &target})
+    if (s->rank != mesh_shape.size())
+      throw error_on<usage_error>(rank, "sbp::to", s == &from ? "source " : "target ", to_string(*s), " has ", s->rank,
+                                  " entries; the placement mesh has ", mesh_shape.size(), " axes");
+  if (!partial_ops_agree(target))
+    throw error_on<usage_error>(rank, "sbp::to", "target ", to_string(target), " mixes partial ops");
+  return plan(from, target, extents_of(mesh_shape));
+}
+
+/// f(from_tag, to_tag, k) for each step k of `r`, its SBPs visited into their static tags: the run-time
+/// boxing's loop (each memory's to(t, target) calls its box_axis overloads from f).
+template <class F>
+void for_each_step(const route& r, F&& f) {
+  for (std::size_t k = 0; k < r.count; ++k)
+    visit(r.steps[k].from, [&](auto from) { visit(r.steps[k].to, [&](auto to_tag) { f(from, to_tag, k); }); });
+}
+}  // namespace detail
+
 /// A global tensor whose nd-SBP is a run-time value (header above). Move-only; like global_tensor, it
-/// takes its shard buffers from its placement's buffer_pool and gives them back when it dies.
-template <element T, std::size_t MeshRank>
+/// takes its shard buffers from its placement's buffer_pool and gives them back when it dies. The
+/// device form, dynamic_tensor<T, MeshRank, memory::cuda>, is in <flexpar/cuda/sbp_dynamic.hpp>.
+template <element T, std::size_t MeshRank, class Memory = host>
 class dynamic_tensor {
+  static_assert(std::is_same_v<Memory, host>,
+                "flexpar::sbp::dynamic_tensor<T, MeshRank, Memory>: Memory is memory::host here; the device form "
+                "(memory::cuda) is declared in <flexpar/cuda/sbp_dynamic.hpp>, part of flexpar::cuda: include it");
+
  public:
   using value_type = T;  ///< element type
 
@@ -129,8 +169,8 @@ class dynamic_tensor {
     return from_local(where, std::move(shape), s, where.pool().acquire_copy(std::span<const T>(local)));
   }
   /// The run-time form of a static tensor (no copy).
-  template <sbp_type S, class M>
-  static dynamic_tensor from(global_tensor<T, S, M>&& t) {
+  template <sbp_type S>
+  static dynamic_tensor from(global_tensor<T, S>&& t) {
     const auto where = t.where();
     shape_t shape = t.shape();
     return adopt(where, std::move(shape), nd_of<S>::value, std::move(t).release());
@@ -172,24 +212,11 @@ class dynamic_tensor {
 
   /// Boxing to a run-time target: plan() on this mesh's extents now, then one box_axis overload per step.
   friend dynamic_tensor to(dynamic_tensor&& t, const nd_parallel& target) {
-    if (target.rank != MeshRank)
-      throw error_on<usage_error>(t.where_.parent().rank(), "sbp::to", "target ", to_string(target), " has ",
-                                  target.rank, " entries; the placement mesh has ", MeshRank, " axes");
-    if (!detail::partial_ops_agree(target))
-      throw error_on<usage_error>(t.where_.parent().rank(), "sbp::to", "target ", to_string(target),
-                                  " mixes partial ops");
-    const route r = plan(t.sbp_, target, extents_of(t.where_.shape()));
-    if (t.where_.contains_me()) {
-      for (std::size_t k = 0; k < r.count; ++k) {
-        const route_step& s = r.steps[k];
-        visit(s.from, [&](auto from) {
-          visit(s.to, [&](auto to_tag) {
-            detail::run_axis<T, MeshRank, decltype(from), decltype(to_tag)>(t.where_, t.shape_, r.before[k], s.axis,
-                                                                            t.local_);
-          });
-        });
-      }
-    }
+    const route r = detail::dynamic_route(t.where_.parent().rank(), t.sbp_, target, t.where_.shape());
+    if (t.where_.contains_me())
+      detail::for_each_step(r, [&]<class From, class To>(From, To, std::size_t k) {
+        detail::run_axis<T, MeshRank, From, To>(t.where_, t.shape_, r.before[k], r.steps[k].axis, t.local_);
+      });
     t.sbp_ = target;
     return std::move(t);
   }
@@ -197,14 +224,7 @@ class dynamic_tensor {
  private:
   dynamic_tensor(const placement<MeshRank>& where, shape_t shape, const nd_parallel& s)
       : where_(where), shape_(std::move(shape)), sbp_(s) {
-    if (s.rank != MeshRank)
-      throw error_on<usage_error>(where.parent().rank(), "dynamic_tensor", "SBP ", to_string(s), " has ", s.rank,
-                                  " entries; the placement mesh has ", MeshRank, " axes");
-    for (std::size_t d = 0; d < s.rank; ++d)
-      if (s[d].is_split() && static_cast<std::size_t>(s[d].axis) >= shape_.size())
-        throw error_on<usage_error>(where.parent().rank(), "dynamic_tensor", "SBP ", to_string(s),
-                                    " splits tensor axis ", s[d].axis, " but the shape ", to_string(shape_), " has ",
-                                    shape_.size(), " axes");
+    detail::check_dynamic_layout(where.parent().rank(), shape_, s, MeshRank);
   }
   placement<MeshRank> where_;
   shape_t shape_;
@@ -274,17 +294,27 @@ inline chosen_signature conv2d_signature(const nd_parallel& x, const shape_t& x_
                                     element_bytes, machine);
 }
 
+namespace detail {
+/// The signature matmul on run-time SBPs boxes `a` and `b` to (either memory's dynamic_tensor).
+/// @throws usage_error when they live on different placements or their shapes do not multiply.
+template <class Tensor>
+chosen_signature dynamic_matmul_signature(const Tensor& a, const Tensor& b, const cost_params& machine) {
+  if (!(a.where() == b.where()))
+    throw error_on<usage_error>(a.where().parent().rank(), "matmul", "the operands live on different placements (",
+                                a.where().describe(), " and ", b.where().describe(), ")");
+  if (a.shape().size() != 2 || b.shape().size() != 2 || a.shape()[1] != b.shape()[0])
+    throw error_on<usage_error>(a.where().parent().rank(), "matmul", "shapes ", to_string(a.shape()), " x ",
+                                to_string(b.shape()), " do not multiply ([m, k] x [k, n])");
+  return cheapest_matmul_signature(a.layout(), a.shape(), b.layout(), b.shape(), a.where().shape(),
+                                   sizeof(typename Tensor::value_type), machine);
+}
+}  // namespace detail
+
 /// matmul on run-time SBPs: boxes the operands to the cheapest signature, then one local GEMM.
 template <element T, std::size_t N>
 dynamic_tensor<T, N> matmul(const dynamic_tensor<T, N>& a, const dynamic_tensor<T, N>& b,
                             const cost_params& machine = {}) {
-  if (!(a.where() == b.where()))
-    throw error_on<usage_error>(a.where().parent().rank(), "matmul", "the operands live on different placements");
-  if (a.shape().size() != 2 || b.shape().size() != 2 || a.shape()[1] != b.shape()[0])
-    throw error_on<usage_error>(a.where().parent().rank(), "matmul", "shapes ", to_string(a.shape()), " x ",
-                                to_string(b.shape()), " do not multiply ([m, k] x [k, n])");
-  const chosen_signature sig =
-      cheapest_matmul_signature(a.layout(), a.shape(), b.layout(), b.shape(), a.where().shape(), sizeof(T), machine);
+  const chosen_signature sig = detail::dynamic_matmul_signature(a, b, machine);
   const dynamic_tensor<T, N> x = to(a.clone(), sig.left), y = to(b.clone(), sig.right);
   const shape_t out_shape{a.shape()[0], b.shape()[1]};
   if (!a.where().contains_me()) return dynamic_tensor<T, N>::adopt(a.where(), out_shape, sig.out, {});
@@ -295,9 +325,31 @@ dynamic_tensor<T, N> matmul(const dynamic_tensor<T, N>& a, const dynamic_tensor<
 }
 
 namespace detail {
-template <conv_pass Pass, element T, std::size_t N>
-dynamic_tensor<T, N> conv_dynamic(const dynamic_tensor<T, N>& a, const dynamic_tensor<T, N>& b, std::size_t pad,
-                                  const cost_params& machine) {
+/// The signature of one convolution pass for operands laid out as `a` and `b`: theirs when they have
+/// one, else the cheapest of the pass's table (the host and the device form share it).
+template <conv_pass Pass>
+chosen_signature conv_signature(const nd_parallel& a, const shape_t& a_shape, const nd_parallel& b,
+                                const shape_t& b_shape, std::span<const int> mesh, std::size_t element_bytes,
+                                const cost_params& machine) {
+  if constexpr (Pass == conv_pass::forward) {
+    return conv2d_signature(a, a_shape, b, b_shape, mesh, element_bytes, machine);
+  } else {
+    using Rule = std::conditional_t<Pass == conv_pass::grad_input, conv2d_grad_input_rule, conv2d_grad_weight_rule>;
+    if (const nd_signature_result as_is = nd_signature(Rule{}, a, b); as_is.ok) return {a, b, as_is.out, {}, 0};
+    if constexpr (Pass == conv_pass::grad_input)
+      return cheapest_signature(Rule{}, table::conv2d_grad_input, a, a_shape, b, b_shape, mesh, element_bytes, machine);
+    else
+      return cheapest_signature(Rule{}, table::conv2d_grad_weight, a, a_shape, b, b_shape, mesh, element_bytes,
+                                machine);
+  }
+}
+
+/// One convolution pass on run-time SBPs, either memory: the operands boxed to conv_signature (when
+/// theirs is not one), then conv_shard on my shards (the host's, or the device's of flexpar/cuda/sbp.hpp,
+/// found through conv_pass).
+template <conv_pass Pass, class Tensor>
+Tensor conv_dynamic(const Tensor& a, const Tensor& b, std::size_t pad, const cost_params& machine) {
+  using T = typename Tensor::value_type;
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "flexpar::sbp::conv2d runs im2col + the BLAS GEMM: its element type must be float or double.");
   const int rank = a.where().parent().rank();
@@ -305,33 +357,22 @@ dynamic_tensor<T, N> conv_dynamic(const dynamic_tensor<T, N>& a, const dynamic_t
     throw error_on<usage_error>(rank, name_of(Pass), "the operands live on different placements (",
                                 a.where().describe(), " and ", b.where().describe(), ")");
   const shape_t out_shape = conv_out_shape(rank, Pass, a.shape(), b.shape(), pad);
-  chosen_signature sig;
   const std::span<const int> mesh = a.where().shape();
-  if constexpr (Pass == conv_pass::forward) {
-    sig = conv2d_signature(a.layout(), a.shape(), b.layout(), b.shape(), mesh, sizeof(T), machine);
-  } else {
-    using Rule = std::conditional_t<Pass == conv_pass::grad_input, conv2d_grad_input_rule, conv2d_grad_weight_rule>;
-    if (const nd_signature_result as_is = nd_signature(Rule{}, a.layout(), b.layout()); as_is.ok)
-      sig = {a.layout(), b.layout(), as_is.out, {}, 0};
-    else
-      sig = Pass == conv_pass::grad_input ? cheapest_signature(Rule{}, table::conv2d_grad_input, a.layout(), a.shape(),
-                                                               b.layout(), b.shape(), mesh, sizeof(T), machine)
-                                          : cheapest_signature(Rule{}, table::conv2d_grad_weight, a.layout(), a.shape(),
-                                                               b.layout(), b.shape(), mesh, sizeof(T), machine);
-  }
+  const chosen_signature sig =
+      conv_signature<Pass>(a.layout(), a.shape(), b.layout(), b.shape(), mesh, sizeof(T), machine);
   const bool moves = !(sig.left == a.layout()) || !(sig.right == b.layout());
-  std::optional<dynamic_tensor<T, N>> boxed_a, boxed_b;
+  std::optional<Tensor> boxed_a, boxed_b;
   if (moves) {
     boxed_a = to(a.clone(), sig.left);
     boxed_b = to(b.clone(), sig.right);
   }
-  const dynamic_tensor<T, N>& x = moves ? *boxed_a : a;
-  const dynamic_tensor<T, N>& y = moves ? *boxed_b : b;
-  if (!a.where().contains_me()) return dynamic_tensor<T, N>::adopt(a.where(), out_shape, sig.out, {});
+  const Tensor& x = moves ? *boxed_a : a;
+  const Tensor& y = moves ? *boxed_b : b;
+  if (!a.where().contains_me()) return Tensor::adopt(a.where(), out_shape, sig.out, {});
   const shape_t out_local = shard_box(out_shape, sig.out, mesh, a.where().coords()).extent;
-  return dynamic_tensor<T, N>::adopt(a.where(), out_shape, sig.out,
-                                     conv_local<T>(a.where().pool(), rank, Pass, x.my_box().extent, x.to_local().data(),
-                                                   y.my_box().extent, y.to_local().data(), out_local, pad));
+  return Tensor::adopt(a.where(), out_shape, sig.out,
+                       conv_shard<T>(a.where(), rank, Pass, x.my_box().extent, x.to_local(), y.my_box().extent,
+                                     y.to_local(), out_local, pad));
 }
 }  // namespace detail
 
