@@ -121,7 +121,9 @@ void check_device_move(const cuda::device_placement<N1>& a, const cuda::device_p
                            b.describe() + " " + to_string(shape);
   const std::vector<std::int32_t> host_shard(on_host.to_local().begin(), on_host.to_local().end());
   EXPECT_EQ(moved.download(), host_shard) << what;
-  if (b.contains_me()) EXPECT_EQ(moved.to_full(), full) << what;
+  if (b.contains_me()) {
+    EXPECT_EQ(moved.to_full(), full) << what;
+  }
 }
 
 TEST(device_boxing, placement_changes_keep_the_logical_tensor) {
