@@ -132,6 +132,8 @@ TEST(dynamic_device_boxing, boxing_seconds_prices_the_chosen_device_path) {
         EXPECT_GT(boxing_seconds(shape, s1, b, gpu), boxing_seconds(shape, s0, b, gpu)) << "S(1) -> B places";
         EXPECT_GT(boxing_seconds(shape, p, s1, gpu), boxing_seconds(shape, p, s0, gpu)) << "P -> S(1) packs";
         EXPECT_GT(boxing_seconds({128, 32}, s0, s1, gpu), boxing_seconds(shape, s0, s1, gpu));
+        EXPECT_GT(boxing_seconds(shape, b, p, gpu), 0.0) << "B -> P(sum) zeros off coordinate 0";
+        EXPECT_EQ(boxing_seconds(shape, b, nd_parallel{parallel::P(reduce_op::max)}, gpu), 0.0) << "B -> P(max) keeps";
         EXPECT_THROW((void)boxing_seconds(shape, nd_parallel{parallel::S(0), parallel::B()}, b, gpu), usage_error);
       },
       flexpar::testing_support::with_timeout(60s));

@@ -634,14 +634,14 @@ requires(!same_layout<From, To>) auto to(global_tensor<T, From, memory::cuda>&& 
 /// `from` to `to` on `gpu`: the route plan() takes, each step priced on its mesh axis's device
 /// communicator — the collective at the path that communicator's choose() picks (NCCL, CUDA IPC or
 /// staged, by their cost models on the device links; gpu.options() sets them) — plus the packs, places,
-/// slices and fills of the step through device memory (read and write, options().device_gamma per
-/// byte). Identity is 0. Collective over the mesh where an axis's communicator is made (its first use).
+/// slices and fills of the step through device memory (options().device_gamma per byte read or
+/// written). Identity is 0. Collective over the mesh where an axis's communicator is made (its first use).
 template <std::size_t N>
 double boxing_seconds(const shape_t& shape, const nd_parallel& from, const nd_parallel& to,
                       const cuda::device_placement<N>& gpu, std::size_t element_bytes = 4) {
   const route r = detail::dynamic_route(gpu.parent().rank(), from, to, gpu.shape());
   const std::array<int, N> origin{};
-  const double per_copied_byte = 2 * gpu.options().device_gamma;
+  const double gamma = gpu.options().device_gamma, per_copied_byte = 2 * gamma;
   double seconds = 0;
   for (std::size_t k = 0; k < r.count; ++k) {
     const route_step& step = r.steps[k];
@@ -667,9 +667,9 @@ double boxing_seconds(const shape_t& shape, const nd_parallel& from, const nd_pa
     } else if (step.to.is_split()) {
       seconds += outer ? 0 : mine * per_copied_byte;  // B -> S: my rows, a copy unless they are the front
     } else if (step.from.is_split()) {
-      seconds += (bytes + mine) * per_copied_byte;  // S -> P: a fill and my rows
-    } else {
-      seconds += bytes * per_copied_byte;  // B -> P: a fill off coordinate 0
+      seconds += bytes * gamma + mine * per_copied_byte;  // S -> P: a fill of the op's identity, then my rows
+    } else if (step.to.op == reduce_op::sum) {
+      seconds += bytes * gamma;  // B -> P(sum): zeros off coordinate 0 (max and min keep the values)
     }
   }
   return seconds;
