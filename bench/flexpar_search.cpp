@@ -226,7 +226,6 @@ int run_on_ranks(int argc, char** argv, const run_options& ro) {
     const int p = comm.size();
     const bool root = comm.rank() == 0;
 #if FLEXPAR_HAVE_CUDA
-    const flexpar::sbp::placement<1> ranks(comm, {p});
     std::optional<flexpar::cuda::device_placement<1>> gpu;
     if (ro.gpu) {
       if (flexpar::cuda::device_count() == 0) {
@@ -234,7 +233,7 @@ int run_on_ranks(int argc, char** argv, const run_options& ro) {
         MPI_Finalize();
         return 77;  // ctest's skip code
       }
-      gpu.emplace(ranks, comm.topology().local_rank() % flexpar::cuda::device_count());
+      gpu.emplace(flexpar::sbp::placement<1>(comm, {p}), comm.topology().local_rank() % flexpar::cuda::device_count());
     }
 #else
     if (ro.gpu) throw flexpar::usage_error("--gpu: this flexpar was built without CUDA (FLEXPAR_WITH_CUDA)");

@@ -196,12 +196,6 @@ namespace {
 using namespace flexpar::search::testing_support;
 using namespace std::chrono_literals;
 
-cluster ranks_cluster(int p) {
-  cluster c = preset("2-1-cpu");
-  c.devices_per_node = p;
-  return c;
-}
-
 /// Every strategy execute_steps runs on p ranks.
 std::vector<strategy> all_executable(const graph& g, int p) {
   std::vector<strategy> out{{}};

@@ -1,11 +1,12 @@
 // Shared by the CNN execution tests (threads as ranks and mpiexec): seeded small-integer data, the
-// weights of a graph's linear and conv2d ops, and the executable 1-D configs of an op.
+// weights of a graph's linear and conv2d ops, the ranks' cluster, and the executable 1-D configs of an op.
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include <flexpar/search/cluster.hpp>
 #include <flexpar/search/config.hpp>
 
 namespace flexpar::search::testing_support {
@@ -30,6 +31,13 @@ inline std::vector<std::vector<float>> weights_of(const graph& g) {
     w.push_back(values(n, i + 1));
   }
   return w;
+}
+
+/// This machine's CPU preset with p devices on its one node (the executor's ranks).
+inline cluster ranks_cluster(int p) {
+  cluster c = preset("2-1-cpu");
+  c.devices_per_node = p;
+  return c;
 }
 
 /// A 1-D mesh of all p ranks.

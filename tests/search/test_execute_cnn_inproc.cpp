@@ -21,12 +21,6 @@ namespace {
 using namespace flexpar::search;
 using namespace flexpar::search::testing_support;
 
-cluster ranks_cluster(int p) {
-  cluster c = preset("2-1-cpu");
-  c.devices_per_node = p;
-  return c;
-}
-
 /// Every strategy whose configs are 1-D meshes of all p ranks.
 std::vector<strategy> all_one_d(const graph& g, int p) {
   std::vector<strategy> out{{}};
