@@ -123,24 +123,21 @@ communicator communicator::from_mpi(MPI_Comm comm, const config& cfg, thread_nee
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (!initialized || finalized)
-    throw usage_error(
-        "communicator::from_mpi: MPI is not initialized (call MPI_Init_thread first; flexpar "
-        "never initializes MPI itself)");
-  int provided = MPI_THREAD_SINGLE;
-  FLEXPAR_CHECK_MPI(MPI_Query_thread(&provided));
-  if (provided < static_cast<int>(need))
-    throw usage_error("communicator::from_mpi: flexpar needs " + std::string(name_of(need)) + " but MPI provides " +
-                      std::string(name_of(static_cast<thread_need>(provided))) +
-                      "; initialize MPI with MPI_Init_thread(&argc, &argv, " + std::string(name_of(need)) +
-                      ", &provided)");
-  if (cfg.transport == transport_kind::inproc)
-    throw usage_error(
-        "communicator::from_mpi: the in-process transport has no MPI communicator; use "
-        "run_in_process or inproc_world");
+  if (!initialized || finalized)  // no rank to name: "[rank ?]"
+    throw error_on<usage_error>(-1, "communicator::from_mpi", finalized ? "MPI is finalized" : "MPI is not initialized",
+                                " (call MPI_Init_thread first; flexpar never initializes MPI itself)");
   int world_size = 0, world_rank = 0;
   FLEXPAR_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &world_size));
   FLEXPAR_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank));
+  int provided = MPI_THREAD_SINGLE;
+  FLEXPAR_CHECK_MPI(MPI_Query_thread(&provided));
+  if (provided < static_cast<int>(need))
+    throw error_on<usage_error>(world_rank, "communicator::from_mpi", "flexpar needs ", name_of(need),
+                                " but MPI provides ", name_of(static_cast<thread_need>(provided)),
+                                "; initialize MPI with MPI_Init_thread(&argc, &argv, ", name_of(need), ", &provided)");
+  if (cfg.transport == transport_kind::inproc)
+    throw error_on<usage_error>(world_rank, "communicator::from_mpi",
+                                "the in-process transport has no MPI communicator; use run_in_process or inproc_world");
   char library[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int library_length = 0;
   FLEXPAR_CHECK_MPI(MPI_Get_library_version(library, &library_length));

@@ -318,6 +318,17 @@ TEST(boxing, bad_input_is_a_clear_error) {
                     std::string::npos)
               << e.what();
         }
+        try {  // to<S> of an axis the tensor lacks: to<>, the source SBP, the shape and what would work
+          auto t = global_tensor<float, split<1>>::from_full(mesh, {4, 6}, std::vector<float>(24));
+          (void)to<split<2>>(std::move(t));
+          ADD_FAILURE() << "to<S(2)> of a 2-axis tensor accepted";
+        } catch (const usage_error& e) {
+          const std::string expected = "[rank " + std::to_string(comm.rank()) +
+                                       "] to<S(2)>: cannot box the S(1) tensor of shape [4, 6] to S(2): mesh axis 0 "
+                                       "would split tensor axis 2, but the tensor has 2 axes; mesh axis 0 can take "
+                                       "S(0) ... S(1), B or P";
+          EXPECT_EQ(std::string(e.what()), expected);
+        }
         try {
           (void)global_tensor<float, split<0>>::from_local(mesh, {5, 2}, std::vector<float>(3));
           ADD_FAILURE() << "wrong shard size accepted";

@@ -85,6 +85,23 @@ void check_split_axes(int rank, const shape_t& shape) {
   }
 }
 
+/// Throws usage_error on `rank` when `to<To>` of a `From` tensor of `shape` asks for a split axis the
+/// shape lacks: the message names to<To>, the source SBP, the shape and the splits the shape allows.
+template <sbp_type From, sbp_type To>
+void check_target_axes(int rank, const shape_t& shape) {
+  for (std::size_t d = 0; d < nd_of<To>::mesh_rank; ++d) {
+    const parallel& e = nd_of<To>::value[d];
+    if (!e.is_split() || static_cast<std::size_t>(e.axis) < shape.size()) continue;
+    const std::string allowed = shape.empty()       ? std::string("B or P only: a scalar has no axis to split")
+                                : shape.size() == 1 ? std::string("S(0), B or P")
+                                                    : "S(0) ... S(" + std::to_string(shape.size() - 1) + "), B or P";
+    throw error_on<usage_error>(rank, "to<" + to_string<To>() + ">", "cannot box the ", to_string<From>(),
+                                " tensor of shape ", to_string(shape), " to ", to_string<To>(), ": mesh axis ", d,
+                                " would split tensor axis ", e.axis, ", but the tensor has ", shape.size(),
+                                " axes; mesh axis ", d, " can take ", allowed);
+  }
+}
+
 /// Collective over the mesh (nothing outside it): throws mismatch_error on every mesh rank when they
 /// were not all given the same logical shape, naming each shape and its ranks. Costs one allreduce of
 /// 32 bytes (a digest of the shape); the shapes themselves are gathered only to name them.

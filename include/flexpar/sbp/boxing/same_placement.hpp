@@ -58,6 +58,7 @@ requires(!same_layout<From, To>) auto to(global_tensor<T, From, M>&& t) {
   } else {
     const auto where = t.where();
     const shape_t shape = t.shape();
+    detail::check_target_axes<From, To>(where.parent().rank(), shape);
     aligned_vector<T> local = std::move(t).release();
     if (where.contains_me()) {
       const std::size_t chosen = cheapest(candidates_of<From, To>, extents_of(where.shape()));  // plan() here
