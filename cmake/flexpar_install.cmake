@@ -7,6 +7,8 @@
 #   lib/cmake/flexpar/flexparTargets.cmake    CUDA as this build needed them; targets flexpar::flexpar
 #                                             and, where built in, flexpar::ucx / ::cuda / ::nccl
 #   lib/pkgconfig/flexpar.pc
+#   share/flexpar/examples/                 the samples (samples/*.cpp, support/*.hpp) and a CMakeLists.txt
+#                                             that builds them against this package (samples/installed/)
 #
 # As a subproject (add_subdirectory, FetchContent) nothing is installed unless FLEXPAR_INSTALL=ON.
 include(GNUInstallDirs)
@@ -115,4 +117,17 @@ endforeach()
 configure_file("${PROJECT_SOURCE_DIR}/cmake/flexpar.pc.in" "${PROJECT_BINARY_DIR}/flexpar.pc" @ONLY)
 install(FILES "${PROJECT_BINARY_DIR}/flexpar.pc"
         DESTINATION "${CMAKE_INSTALL_LIBDIR}/pkgconfig"
+        COMPONENT flexpar_development)
+
+# ---- examples --------------------------------------------------------------------------------
+# Every sample, so that what README.md and doc/ show is in the package a reader has: the sources, the
+# headers of samples/support they include, and the project that builds them with find_package(flexpar)
+# (scripts/consumer-test builds from here each sample a page names).
+file(GLOB flexpar_example_sources "${PROJECT_SOURCE_DIR}/samples/*.cpp")
+file(GLOB flexpar_example_headers "${PROJECT_SOURCE_DIR}/samples/support/*.hpp")
+install(FILES ${flexpar_example_sources} "${PROJECT_SOURCE_DIR}/samples/installed/CMakeLists.txt"
+        DESTINATION "${CMAKE_INSTALL_DATADIR}/flexpar/examples"
+        COMPONENT flexpar_development)
+install(FILES ${flexpar_example_headers}
+        DESTINATION "${CMAKE_INSTALL_DATADIR}/flexpar/examples/support"
         COMPONENT flexpar_development)

@@ -6,12 +6,14 @@
 
 // [snippet:collectives]
 #include <flexpar/collective.hpp>
+#include <flexpar/core/uncaught.hpp>
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
 int main(int argc, char** argv) {
+  std::set_terminate(flexpar::report_uncaught_and_abort);  // a rank's uncaught error: one whole line
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);  // your MPI program, as it is
   int wrong = 0;

@@ -7,8 +7,10 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
+#include <flexpar/core/uncaught.hpp>
 
 int main(int argc, char** argv) {
+  std::set_terminate(flexpar::report_uncaught_and_abort);  // a rank's uncaught error: one whole line
   int provided = 0, p = 0, me = 0, wrong = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
   MPI_Comm_size(MPI_COMM_WORLD, &p);

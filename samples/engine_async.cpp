@@ -6,9 +6,11 @@
 #include <cstdio>
 #include <vector>
 
+#include <flexpar/core/uncaught.hpp>
 #include <flexpar/engine/gradient_sync.hpp>
 
 int main(int argc, char** argv) {
+  std::set_terminate(flexpar::report_uncaught_and_abort);  // a rank's uncaught error: one whole line
   int provided = 0, wrong = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   {

@@ -233,6 +233,7 @@ int train(const settings& opt) {
       // survivors agree on a communicator without it, start the relaxation again on it (every replica
       // becomes the new rank 0's) and take this step again; they finish the epoch on their own shards
       // and take the new world's shards for the next one (the dead rank's data is not lost).
+      // [snippet:shrink]
       for (;;) {
         try {
           algo->step(params, optimizer);
@@ -253,6 +254,7 @@ int train(const settings& opt) {
           std::fflush(stdout);
         }
       }
+      // [/snippet:shrink]
       const auto t2 = clock::now();
       if (saver && opt.every != 0 && (step_index + 1) % opt.every == 0 && step_index + 1 != total_steps) {
         at = s + 1 == steps_per_epoch ? position{epoch + 1, 0}

@@ -27,6 +27,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <flexpar/core/uncaught.hpp>
 #include "support/gpt_model.hpp"
 
 namespace {
@@ -40,6 +41,7 @@ std::string printable(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::set_terminate(flexpar::report_uncaught_and_abort);  // a rank's uncaught error: one whole line
   CLI::App app{"a GPT trained on the fortunes corpus, pipeline x data x tensor parallel, against the 1-rank run"};
   gpt::config c;
   gpt::layout lay;

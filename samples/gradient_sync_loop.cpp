@@ -15,7 +15,10 @@
 #include <string>
 #include <vector>
 
-#include <flexpar/engine/gradient_sync.hpp>
+// [snippet:header]
+#include <flexpar/core/uncaught.hpp>
+#include <flexpar/engine/gradient_sync.hpp>  // flexpar::engine, flexpar::gradient_sync (and the communicator)
+// [/snippet:header]
 
 namespace {
 
@@ -42,6 +45,7 @@ struct checksum {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::set_terminate(flexpar::report_uncaught_and_abort);  // a rank's uncaught error: one whole line
   CLI::App app{"gradient_sync_loop: data-parallel SGD steps with overlapped, fused gradient allreduces"};
   int steps = 10, layers = 8;
   std::size_t width = 1 << 16;
@@ -50,9 +54,11 @@ int main(int argc, char** argv) {
   app.add_option("--width", width, "parameters per layer");
   CLI11_PARSE(app, argc, argv);
 
+  // [snippet:init]
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);  // the engine's thread calls MPI too
   int status = 0;
+  // [/snippet:init]
   {
     // [snippet:training]
     auto comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD, flexpar::config::from_environment(),

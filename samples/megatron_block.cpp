@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <flexpar/core/uncaught.hpp>
 #include <flexpar/sbp/sbp.hpp>
 #if FLEXPAR_HAVE_CUDA
 #include <flexpar/cuda/sbp.hpp>
@@ -126,6 +127,7 @@ std::vector<float> block_gpu(flexpar::communicator& comm, const sizes& s, const 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::set_terminate(flexpar::report_uncaught_and_abort);  // a rank's uncaught error: one whole line
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
   int status = 0;

@@ -32,6 +32,7 @@
 #include <flexpar/actor/pipeline_sbp.hpp>
 #include <flexpar/collective.hpp>
 #include <flexpar/comm/communicator.hpp>
+#include <flexpar/core/uncaught.hpp>
 #include <flexpar/timeline.hpp>
 
 namespace {
@@ -209,6 +210,7 @@ std::vector<layer> make_model(const std::vector<std::size_t>& widths, std::uint6
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::set_terminate(flexpar::report_uncaught_and_abort);  // a rank's uncaught error: one whole line
   CLI::App app{"pipeline-parallel MLP (x data x tensor parallel stages) vs the serial run of the same model and seed"};
   int steps = 20, micro_batches = 8, data_ranks = 1, tensor_ranks = 1;
   std::size_t batch = 64;

@@ -6,10 +6,12 @@
 #include <vector>
 
 // [snippet:readme]
+#include <flexpar/core/uncaught.hpp>
 #include <flexpar/sbp/sbp.hpp>
 using namespace flexpar::sbp;
 
 int main(int argc, char** argv) {
+  std::set_terminate(flexpar::report_uncaught_and_abort);  // a rank's uncaught error: one whole line
   int provided, wrong = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);  // yours: flexpar never initializes MPI
   {

@@ -9,10 +9,12 @@
 #include <vector>
 
 #include <flexpar/comm/communicator.hpp>
+#include <flexpar/core/uncaught.hpp>
 #include <flexpar/relax/optimizer.hpp>
 #include <flexpar/relax/registry.hpp>
 
 int main(int argc, char** argv) {
+  std::set_terminate(flexpar::report_uncaught_and_abort);  // a rank's uncaught error: one whole line
   int provided = 0, status = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);
   {

@@ -8,8 +8,10 @@
 
 // [snippet:readme]
 #include <flexpar/comm/communicator.hpp>
+#include <flexpar/core/uncaught.hpp>
 
 int main(int argc, char** argv) {
+  std::set_terminate(flexpar::report_uncaught_and_abort);  // a rank's uncaught error: one whole line
   int provided, wrong = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SINGLE, &provided);  // yours: flexpar never initializes MPI
   {

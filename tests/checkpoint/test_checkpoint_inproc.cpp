@@ -84,54 +84,6 @@ void expect_all_name(const std::vector<std::string>& texts, std::initializer_lis
           << "rank " << r << "'s error lacks \"" << part << "\": " << texts[r];
 }
 
-// ---- the snippets of doc/checkpoint.md ------------------------------------------------------------
-
-// Saved in the background from 2 ranks as S(0), loaded on 3 as S(1), with the step.
-TEST(checkpoint_doc, an_async_save_on_two_ranks_loads_resharded_on_three) {
-  const std::filesystem::path checkpoints = scratch("doc");
-  const shape_t shape{6, 4};
-  std::vector<float> values(24);
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
-  run_in_process(
-      2,
-      [&](communicator& comm) {
-        placement<1> mesh(comm, {2});
-        auto w = global_tensor<float, split<0>>::from_full(mesh, shape, values);
-        std::vector<float> lr_scale(4, 0.5f);
-        std::int64_t step = 100;
-        // [snippet:checkpoint_save]
-        flexpar::checkpoint::state s;
-        s.add("fc1.weight", w)                                // a global_tensor: any placement and SBP
-            .add_replicated("lr_scale", std::span(lr_scale))  // host memory, the same on every rank
-            .add_integer("step", step);
-        flexpar::checkpoint::async_saver saver(comm);  // collective: its thread writes on a split of comm
-        flexpar::checkpoint::save_handle saving = saver.save(checkpoints / "step_100", s);  // a snapshot
-        for (float& x : w.to_local()) x = 0;  // the next step changes w while the files are written
-        saving.wait();                        // committed: metadata.json and the directory renamed
-        // [/snippet:checkpoint_save]
-      },
-      with_timeout());
-  run_in_process(
-      3,
-      [&](communicator& comm) {
-        // [snippet:checkpoint_load]
-        const flexpar::checkpoint::contents saved = flexpar::checkpoint::read_contents(checkpoints / "step_100");
-        const shape_t w_shape = saved.find("fc1.weight")->shape;  // [6, 4], saved as S(0) on 2 ranks
-        placement<1> mesh(comm, {3});
-        auto w = global_tensor<float, split<1>>::from_full(mesh, w_shape, std::vector<float>(24));
-        std::vector<float> lr_scale(4);
-        std::int64_t step = 0;
-        flexpar::checkpoint::state s;
-        s.add("fc1.weight", w).add_replicated("lr_scale", std::span(lr_scale)).add_integer("step", step);
-        flexpar::checkpoint::load(comm, checkpoints / "step_100", s);  // each rank reads its columns
-        // [/snippet:checkpoint_load]
-        EXPECT_EQ(w.to_full(), values);
-        EXPECT_EQ(step, 100);
-        EXPECT_EQ(lr_scale, std::vector<float>(4, 0.5f));
-      },
-      with_timeout());
-}
-
 // ---- resharding ---------------------------------------------------------------------------------
 
 class reshard_1d : public ::testing::TestWithParam<int> {};

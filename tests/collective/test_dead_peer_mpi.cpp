@@ -190,13 +190,11 @@ int main(int argc, char** argv) {
   if (shrink && status == 0) {
     try {
       start = std::chrono::steady_clock::now();
-      // [snippet:shrink]
       work.reset();  // what was built on the old communicator goes first: engine, gradient_sync, relaxation
       flexpar::communicator survivors = comm.shrink();  // collective over the survivors: agree, then a new group
       const double shrunk = seconds(std::chrono::steady_clock::now() - start).count();
       const auto rebuilding = std::chrono::steady_clock::now();
       work.build(survivors);  // the same objects on the survivors: a new engine + gradient_sync, or relaxation
-      // [/snippet:shrink]
       const double rebuilt = seconds(std::chrono::steady_clock::now() - rebuilding).count();
       const bool ok = survivors.size() == size - 1 && work.run() && work.run();
       std::printf("survivor %d: shrunk to %d ranks in %.3f s, rebuilt in %.3f s; %s on them: %s\n", rank,
