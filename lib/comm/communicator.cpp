@@ -17,8 +17,8 @@ namespace flexpar {
 
 node_topology::node_topology(std::vector<int> node_of_rank, int my_rank) : node_of_rank_(std::move(node_of_rank)) {
   if (my_rank < 0 || static_cast<std::size_t>(my_rank) >= node_of_rank_.size())
-    throw usage_error("node_topology: rank " + std::to_string(my_rank) + " outside " +
-                      std::to_string(node_of_rank_.size()) + " ranks");
+    throw error_on<usage_error>(my_rank, "node_topology", "rank ", my_rank, " outside ", node_of_rank_.size(),
+                                " ranks");
   // Renumber nodes 0.. in order of first appearance so that equal inputs give equal topologies.
   std::vector<int> renumber;
   for (int& node : node_of_rank_) {
@@ -38,7 +38,8 @@ node_topology::node_topology(std::vector<int> node_of_rank, int my_rank) : node_
 }
 
 node_topology node_topology::blocks(int size, int ranks_per_node, int my_rank) {
-  if (ranks_per_node < 1) throw usage_error("node_topology::blocks: ranks_per_node must be >= 1");
+  if (ranks_per_node < 1)
+    throw error_on<usage_error>(my_rank, "node_topology::blocks", "ranks_per_node must be >= 1, got ", ranks_per_node);
   std::vector<int> nodes(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) nodes[static_cast<std::size_t>(r)] = r / ranks_per_node;
   return node_topology(std::move(nodes), my_rank);

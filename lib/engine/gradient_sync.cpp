@@ -3,6 +3,8 @@
 // and the wire casts as device kernels on the caller's stream).
 #include <flexpar/engine/gradient_sync.hpp>
 
+#include <flexpar/core/error.hpp>
+
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -69,7 +71,7 @@ struct gradient_sync::state {
   parameter& find(std::string_view name) {
     auto it = index.find(name);
     if (it == index.end())
-      throw usage_error("gradient_sync: \"" + std::string(name) + "\" is not a registered parameter");
+      throw error_on<usage_error>(eng.rank(), "gradient_sync", '"', name, "\" is not a registered parameter");
     return parameters[it->second];
   }
 
@@ -131,13 +133,14 @@ struct gradient_sync::state {
   }
 
   void check_new(const std::string& name, dtype type, std::size_t parameter_count, std::size_t gradient_count) {
-    if (index.contains(name)) throw usage_error("gradient_sync: \"" + name + "\" is registered twice");
+    if (index.contains(name))
+      throw error_on<usage_error>(eng.rank(), "gradient_sync", '"', name, "\" is registered twice");
     if (parameter_count != gradient_count)
-      throw usage_error("gradient_sync: \"" + name + "\" has " + std::to_string(parameter_count) +
-                        " parameters but a gradient of " + std::to_string(gradient_count));
+      throw error_on<usage_error>(eng.rank(), "gradient_sync", '"', name, "\" has ", parameter_count,
+                                  " parameters but a gradient of ", gradient_count);
     if (compressed() && type != dtype::f32)
-      throw usage_error("gradient_sync: " + std::string(name_of(wire_type(options.compression))) +
-                        " wire compression needs f32 gradients; \"" + name + "\" is " + std::string(name_of(type)));
+      throw error_on<usage_error>(eng.rank(), "gradient_sync", name_of(wire_type(options.compression)),
+                                  " wire compression needs f32 gradients; \"", name, "\" is ", name_of(type));
   }
 
   /// synchronize() and synchronize(stream): the end of a backward pass.
@@ -146,8 +149,8 @@ struct gradient_sync::state {
     if (!device_allowed)
       for (const parameter& p : parameters)
         if (p.memory == memory_kind::cuda)
-          throw usage_error("gradient_sync: \"" + p.name +
-                            "\" is a device parameter: end the pass with synchronize(stream)");
+          throw error_on<usage_error>(eng.rank(), "gradient_sync", '"', p.name,
+                                      "\" is a device parameter: end the pass with synchronize(stream)");
     if (++pass < options.backward_passes_per_step) return false;
     pass = 0;
     // Gradients never marked ready (unused parameters) are reduced too: every rank reduces the same set.
@@ -177,8 +180,8 @@ struct gradient_sync::state {
 gradient_sync::gradient_sync(engine& eng, gradient_sync_options options)
     : state_(std::make_unique<state>(eng, options)) {
   if (options.backward_passes_per_step < 1)
-    throw usage_error("gradient_sync: backward_passes_per_step must be at least 1, got " +
-                      std::to_string(options.backward_passes_per_step));
+    throw error_on<usage_error>(eng.rank(), "gradient_sync", "backward_passes_per_step must be at least 1, got ",
+                                options.backward_passes_per_step);
 }
 
 gradient_sync::~gradient_sync() = default;
@@ -204,8 +207,9 @@ void gradient_sync::register_device_parameter(std::string name, dtype type, void
                                               void* gradient, std::size_t count) {
   std::lock_guard lock(state_->mutex);
   if (!state_->eng.device())
-    throw usage_error("gradient_sync: \"" + name +
-                      "\" is a device parameter, but the engine has no device backend (flexpar::cuda::engine_backend)");
+    throw error_on<usage_error>(
+        state_->eng.rank(), "gradient_sync", '"', name,
+        "\" is a device parameter, but the engine has no device backend (flexpar::cuda::engine_backend)");
   state_->check_new(name, type, parameter_count, count);
   parameter p;
   p.name = name;
@@ -223,9 +227,9 @@ void gradient_sync::on_gradient_ready(std::string_view name) {
   std::lock_guard lock(state_->mutex);
   parameter& p = state_->find(name);
   if (p.memory == memory_kind::cuda)
-    throw usage_error("gradient_sync: \"" + p.name +
-                      "\" is a device parameter: name the stream that produced its gradient "
-                      "(on_gradient_ready(name, stream))");
+    throw error_on<usage_error>(state_->eng.rank(), "gradient_sync", '"', p.name,
+                                "\" is a device parameter: name the stream that produced its gradient "
+                                "(on_gradient_ready(name, stream))");
   if (state_->pass + 1 == state_->options.backward_passes_per_step) state_->submit(p, nullptr);
 }
 
