@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -115,8 +116,13 @@ inline block_forward_result block_forward(const block& b, tensor<act_t> x, const
 }
 // [/snippet:gpt_block_forward]
 
-/// Adam on the shards (every data rank holds the same shard of a weight and of its gradient).
-struct adam {
+/// The optimizer on the shards (every data rank holds the same shard of a weight and of its gradient):
+/// Adam, or plain SGD (w -= lr g). Adam normalizes each weight's step by its gradient's running scale, so
+/// a gradient off by a constant factor (a mean where a sum belongs) moves the weights as the right one
+/// does; under SGD it moves them by that factor, which the weight comparison of gpt_text then sees.
+struct optimizer {
+  enum class rule { adam, sgd };
+  rule kind = rule::adam;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   int t = 0;
   std::vector<std::vector<float>> m, v;
@@ -128,14 +134,18 @@ struct adam {
   }
   template <class S>
   void update(tensor<S>& w, const tensor<S>& g) {
+    const auto ws = w.to_local();
+    const auto gs = g.to_local();
+    if (kind == rule::sgd) {
+      for (std::size_t i = 0; i < ws.size(); ++i) ws[i] -= lr * gs[i];
+      return;
+    }
     if (slot == m.size()) {
       m.emplace_back(w.to_local().size(), 0.0f);
       v.emplace_back(w.to_local().size(), 0.0f);
     }
     std::vector<float>&ms = m[slot], &vs = v[slot];
     ++slot;
-    const auto ws = w.to_local();
-    const auto gs = g.to_local();
     const float c1 = 1.0f - std::pow(beta1, static_cast<float>(t)), c2 = 1.0f - std::pow(beta2, static_cast<float>(t));
     for (std::size_t i = 0; i < ws.size(); ++i) {
       ms[i] = beta1 * ms[i] + (1.0f - beta1) * gs[i];
@@ -316,8 +326,8 @@ inline float head(const stage_model& s, const tensor<act_t>& hf, const ids_t& ta
 
 /// Boxes the accumulated gradients to the weights' layouts (the data axis's allreduces), sums the tied
 /// embedding's two copies over `tied` (the first and last stages' ranks, when they differ), and
-/// steps Adam.
-inline void apply(stage_model& s, stage_grads& acc, adam& opt, std::optional<flexpar::communicator>& tied) {
+/// steps the optimizer.
+inline void apply(stage_model& s, stage_grads& acc, optimizer& opt, std::optional<flexpar::communicator>& tied) {
   opt.begin();
   if (s.embed) {
     auto g = fs::to<row_t>(std::move(*acc.embed));
@@ -337,7 +347,7 @@ inline void apply(stage_model& s, stage_grads& acc, adam& opt, std::optional<fle
 }
 
 /// One training step of the whole model on `mesh` (no pipeline): one stage that is first and last.
-inline float train_step(stage_model& m, adam& opt, const config& c, const fs::placement<2>& mesh,
+inline float train_step(stage_model& m, optimizer& opt, const config& c, const fs::placement<2>& mesh,
                         const batch_ids& batch) {
   const std::size_t rows = c.batch * c.seq;
   auto tokens = ids_t::from_full(mesh, {rows}, batch.tokens);
@@ -401,22 +411,48 @@ inline std::string generate(const stage_model& m, const config& c, const fs::pla
   return out;
 }
 
-/// What a run measured: per step the loss (on rank 0) and the seconds (on every rank).
+/// What a run measured: per step the loss (on rank 0) and the seconds (on every rank); on rank 0, the
+/// number of weight elements whose bits differ between data-parallel replicas (0 when they agree).
 struct run_result {
   std::vector<float> losses;
   std::vector<double> step_seconds;
+  std::size_t replica_disagreements = 0;
 };
+
+/// The weight elements of this rank's stage whose bits differ across the data-parallel replicas (the
+/// weights are B over the data axis: every replica must hold the same bits after a step), summed on
+/// rank 0 of `comm`. Collective over `comm`: every rank passes its stage and mesh.
+inline std::size_t replica_disagreements(flexpar::communicator& comm, const stage_model& s,
+                                         const fs::placement<2>& mesh) {
+  std::vector<std::uint32_t> bits;  // the local pieces in one fixed order, as raw bits
+  auto add = [&](const auto& w) {
+    for (float x : w.to_local()) bits.push_back(std::bit_cast<std::uint32_t>(x));
+  };
+  if (s.embed) add(*s.embed);
+  if (s.position) add(*s.position);
+  for (const block& b : s.blocks) {
+    add(b.wq), add(b.wk), add(b.wv), add(b.wo), add(b.w1), add(b.w2);
+  }
+  std::vector<std::uint32_t> lo(bits.size()), hi(bits.size());
+  const int n = static_cast<int>(bits.size());
+  MPI_Allreduce(bits.data(), lo.data(), n, MPI_UINT32_T, MPI_MIN, mesh.axis(0).mpi_comm());
+  MPI_Allreduce(bits.data(), hi.data(), n, MPI_UINT32_T, MPI_MAX, mesh.axis(0).mpi_comm());
+  unsigned long long mine = 0, total = 0;
+  if (mesh.coords()[0] == 0)  // count each disagreement once: on the replica of data coordinate 0
+    for (std::size_t i = 0; i < bits.size(); ++i) mine += lo[i] != hi[i] ? 1 : 0;
+  MPI_Reduce(&mine, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, comm.mpi_comm());
+  return static_cast<std::size_t>(total);
+}
 
 /// The parallel run without a pipeline: the whole model on one (data, tensor) mesh of every rank.
 /// `trained` (when given) receives the trained weights on rank 0.
 inline run_result train_on_mesh(flexpar::communicator& comm, const config& c, const layout& lay,
-                                const full_weights& init, const std::string& text, int steps, float lr,
+                                const full_weights& init, const std::string& text, int steps, const optimizer& settings,
                                 std::uint64_t seed, full_weights* trained) {
   // [snippet:gpt_mesh]
   fs::placement<2> mesh(comm, std::array<int, 2>{lay.data, lay.tensor});  // (data, tensor)
   stage_model m = make_stage(mesh, c, init, 0, c.layers, true, true);
-  adam opt;
-  opt.lr = lr;
+  optimizer opt = settings;
   run_result r;
   for (int step = 0; step < steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -424,6 +460,7 @@ inline run_result train_on_mesh(flexpar::communicator& comm, const config& c, co
     r.step_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   // [/snippet:gpt_mesh]
+  r.replica_disagreements = replica_disagreements(comm, m, mesh);
   if (trained != nullptr) *trained = gather(m, c, 0);
   return r;
 }
@@ -443,8 +480,8 @@ inline std::vector<fs::placement<2>> stage_meshes(flexpar::communicator& comm, i
 /// The pipelined run: one group of data x tensor ranks per stage, group g running stage g (lay.blocks[g]
 /// blocks) on its mesh; the activations between stages are (S(0), B) pieces on actor edges.
 inline run_result train_pipelined(flexpar::communicator& comm, const config& c, const layout& lay,
-                                  const full_weights& init, const std::string& text, int steps, float lr,
-                                  std::uint64_t seed, full_weights* trained) {
+                                  const full_weights& init, const std::string& text, int steps,
+                                  const optimizer& settings, std::uint64_t seed, full_weights* trained) {
   const int rank = comm.rank(), per_group = lay.data * lay.tensor, group = rank / per_group;
   const int d = (rank % per_group) / lay.tensor, last_group = lay.stages() - 1;
   std::vector<std::size_t> first_block(1, 0);  // stage g holds blocks [first_block[g], first_block[g + 1])
@@ -516,8 +553,7 @@ inline run_result train_pipelined(flexpar::communicator& comm, const config& c, 
       });
   flexpar::pipeline pipe = builder.build();
   // [/snippet:gpt_pipeline]
-  adam opt;
-  opt.lr = lr;
+  optimizer opt = settings;
   run_result r;
   for (int step = 0; step < steps; ++step) {
     batch = make_batch(text, c, step, seed);
@@ -531,6 +567,7 @@ inline run_result train_pipelined(flexpar::communicator& comm, const config& c, 
     MPI_Reduce(&loss, &total, 1, MPI_FLOAT, MPI_SUM, 0, comm.mpi_comm());
     r.losses.push_back(total);
   }
+  r.replica_disagreements = replica_disagreements(comm, sm, mesh);
   if (trained == nullptr) return r;
   // The trained weights on rank 0: each stage's mesh gathers its own, its first rank sends them on.
   full_weights mine = gather(sm, c, first_block[g0]);
@@ -555,9 +592,10 @@ inline run_result train_pipelined(flexpar::communicator& comm, const config& c, 
 
 /// The parallel run of `lay`: on one mesh when it has one stage, else pipelined.
 inline run_result train(flexpar::communicator& comm, const config& c, const layout& lay, const full_weights& init,
-                        const std::string& text, int steps, float lr, std::uint64_t seed, full_weights* trained) {
-  return lay.stages() > 1 ? train_pipelined(comm, c, lay, init, text, steps, lr, seed, trained)
-                          : train_on_mesh(comm, c, lay, init, text, steps, lr, seed, trained);
+                        const std::string& text, int steps, const optimizer& settings, std::uint64_t seed,
+                        full_weights* trained) {
+  return lay.stages() > 1 ? train_pipelined(comm, c, lay, init, text, steps, settings, seed, trained)
+                          : train_on_mesh(comm, c, lay, init, text, steps, settings, seed, trained);
 }
 
 }  // namespace gpt
