@@ -260,6 +260,10 @@ pipeline_strategy pipeline_search::propose(const pipeline_strategy& s) {
       if (p == 1) {  // no pipeline: one batch, and no schedule to choose
         n.micro_batches = 1;
         n.schedule = pipeline_schedule::one_f_one_b;
+      } else if (s.stages() == 1) {  // into a pipeline: m with it (at m = 1 a pipeline is all bubble, so
+        // stages alone are rarely taken, and a search starting without a pipeline stayed without one)
+        n.micro_batches = space_.micro_batch_choices[static_cast<std::size_t>(
+            pick(0, static_cast<int>(space_.micro_batch_choices.size()) - 1))];
       }
       break;
     }

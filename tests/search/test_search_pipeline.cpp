@@ -1,9 +1,12 @@
 // Pipeline stages in the search (search/pipeline.hpp): the timed schedule against the theory and the
 // actor runtime's unit-time results, the 3-D strategy's estimate, memory limit, validity rules, the
-// search (never worse than the best pure strategy, deterministic per seed) and the JSON form.
+// search (the best strategy of an exhaustive enumeration on spaces small enough to enumerate, whatever
+// the costs favour; deterministic per seed) and the JSON form.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include <flexpar/core/error.hpp>
 #include <flexpar/search/mcmc.hpp>
@@ -151,23 +154,112 @@ TEST(search_pipeline, estimate_memory_and_validity) {
   EXPECT_EQ(pure[2].micro_batches, 8);
 }
 
-TEST(search_pipeline, search_beats_or_ties_the_pure_strategies_and_is_deterministic) {
+/// Every strategy of `space`, enumerated independently of the search's proposals: each stage count that
+/// divides the ranks, each data x tensor split of the rest, each cut of the blocks into that many
+/// stages (compositions), each m and schedule; kept when space.valid.
+std::vector<pipeline_strategy> every_strategy(const pipeline_space& space) {
+  std::vector<pipeline_strategy> out;
+  for (int p = 1; p <= space.ranks; ++p) {
+    if (space.ranks % p != 0) continue;
+    std::vector<std::vector<int>> cuts;  // compositions of space.blocks into p parts >= 1
+    std::vector<int> cut;
+    auto compose = [&](auto&& self, int left, int parts) -> void {
+      if (parts == 0) {
+        if (left == 0) cuts.push_back(cut);
+        return;
+      }
+      for (int b = 1; b <= left; ++b) {
+        cut.push_back(b);
+        self(self, left - b, parts - 1);
+        cut.pop_back();
+      }
+    };
+    compose(compose, space.blocks, p);
+    const int rest = space.ranks / p;
+    for (int t = 1; t <= rest; ++t)
+      if (rest % t == 0)
+        for (const auto& blocks : cuts)
+          for (int m : space.micro_batch_choices)
+            for (auto schedule : {pipeline_schedule::gpipe, pipeline_schedule::one_f_one_b}) {
+              pipeline_strategy s{rest / t, t, m, schedule, blocks};
+              if (space.valid(s)) out.push_back(s);
+            }
+  }
+  return out;
+}
+
+/// The least estimated step over `all` (+infinity when none fits).
+double exhaustive_best(pipeline_search& search, const std::vector<pipeline_strategy>& all) {
+  double best = INFINITY;
+  for (const auto& s : all) best = std::min(best, search.estimate_of(s).seconds);
+  return best;
+}
+
+TEST(search_pipeline, every_strategy_enumerates_the_space) {
+  // 4 ranks, 4 blocks, batch 16, m in {1, 2, 4, 8}: one stage (3 meshes, m = 1, 1F1B); two stages
+  // (2 meshes x 3 cuts x m with data x m | 16: 4 for data 1, 4 for data 2 x 2 schedules = 48); four
+  // stages (1 cut x 4 m x 2 schedules = 8)
+  const auto all = every_strategy(pipeline_space{4, 4, 16, 4, 256});
+  EXPECT_EQ(all.size(), 3u + 48u + 8u);
+  for (const auto& s : pipeline_space{4, 4, 16, 4, 256}.pure())
+    EXPECT_TRUE(std::any_of(all.begin(), all.end(), [&](const auto& a) { return a.describe() == s.describe(); }))
+        << s.describe();
+}
+
+TEST(search_pipeline, search_finds_the_exhaustive_best_and_is_deterministic) {
   pipeline_space space{4, 4, 16, 4, 256};
+  const auto all = every_strategy(space);
   for (double sync : {0.0, 0.5, 4.0}) {
-    pipeline_search a(space, synthetic(sync), 1), b(space, synthetic(sync), 1);
-    const pipeline_strategy found = a.run(400);
-    EXPECT_TRUE(space.valid(found)) << found.describe();
-    EXPECT_EQ(found.describe(), b.run(400).describe());
-    double best_pure = INFINITY;
-    for (const auto& s : space.pure()) best_pure = std::min(best_pure, a.estimate_of(s).seconds);
-    EXPECT_LE(a.estimate_of(found).seconds, best_pure) << found.describe();
-    if (sync == 0.0) {
-      EXPECT_EQ(found.data, 4) << found.describe();  // free allreduces: data parallel wins
-    }
-    if (sync == 4.0) {
-      EXPECT_EQ(found.data, 1) << found.describe();  // dear allreduces: none
+    for (std::uint64_t memory : {std::uint64_t{0}, std::uint64_t{260}}) {
+      pipeline_search a(space, synthetic(sync), 1, memory), b(space, synthetic(sync), 1, memory);
+      const pipeline_strategy found = a.run(400);
+      EXPECT_TRUE(space.valid(found)) << found.describe();
+      EXPECT_EQ(found.describe(), b.run(400).describe());
+      const double best = exhaustive_best(a, all);
+      ASSERT_TRUE(std::isfinite(best)) << "sync " << sync << " memory " << memory;
+      EXPECT_EQ(a.estimate_of(found).seconds, best)
+          << "sync " << sync << " memory " << memory << ": " << found.describe();
+      if (sync == 0.0 && memory == 0) {
+        EXPECT_EQ(found.data, 4) << found.describe();  // free allreduces: data parallel wins
+      }
+      if (sync == 4.0) {
+        EXPECT_EQ(found.data, 1) << found.describe();  // dear allreduces: none
+      }
     }
   }
+}
+
+TEST(search_pipeline, search_reaches_every_corner_of_the_space) {
+  // For each strategy of a 6-rank space in turn, costs that favour it (each stage pays for every
+  // feature in which it differs from the target's stage at that place): the search, started from the
+  // pure strategies, must find the exhaustive best. A proposal kind that cannot reach some stage
+  // count, mesh split, cut, m or schedule leaves a target unfound.
+  pipeline_space space{6, 3, 24, 6, 6};
+  space.micro_batch_choices = {1, 2, 4};
+  const auto all = every_strategy(space);
+  ASSERT_GT(all.size(), 30u);
+  int missed = 0;
+  for (const pipeline_strategy& target : all) {
+    auto favour = [target](const stage_shape& s) {
+      const int at = s.first ? 0 : s.last ? target.stages() - 1 : 1;  // a middle stage: compare the second
+      const int want_blocks = at < target.stages() ? target.blocks[static_cast<std::size_t>(at)] : 1;
+      const int differences = (s.stages != target.stages()) + (s.data != target.data) + (s.tensor != target.tensor) +
+                              (s.micro_batches != target.micro_batches) + (s.blocks != want_blocks);
+      stage_cost c;
+      c.forward = (1.0 + 10.0 * differences) / s.micro_batches;
+      c.backward = 2 * c.forward;
+      return c;
+    };
+    pipeline_search search(space, favour, 3);
+    const pipeline_strategy found = search.run(600);
+    const double best = exhaustive_best(search, all);
+    if (search.estimate_of(found).seconds != best) {
+      ++missed;
+      ADD_FAILURE() << "target " << target.describe() << ": found " << found.describe() << " ("
+                    << search.estimate_of(found).seconds << " s), the best is " << best << " s";
+    }
+  }
+  EXPECT_EQ(missed, 0) << "of " << all.size() << " targets";
 }
 
 TEST(search_pipeline, stages_priced_by_the_op_graph_simulator) {

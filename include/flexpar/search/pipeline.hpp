@@ -140,9 +140,9 @@ struct pipeline_space {
 };
 
 /// Metropolis-Hastings over pipeline_strategy (seeded; the generator is owned): proposals change the
-/// number of stages (its blocks rebalanced), move one block across a stage boundary, change the data x
-/// tensor split, m, or the schedule; a faster proposal is taken, a slower one with probability
-/// exp(-beta (t_new - t) / t). Starts from the best pure strategy; returns the best seen.
+/// number of stages (its blocks rebalanced; m drawn too when a pipeline begins), move one block across a
+/// stage boundary, change the data x tensor split, m, or the schedule; a faster proposal is taken, a slower one with
+/// probability exp(-beta (t_new - t) / t). Starts from the best pure strategy; returns the best seen.
 class pipeline_search {
  public:
   /// A search of `space` with costs `cost`, seeded.
