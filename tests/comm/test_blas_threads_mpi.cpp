@@ -15,6 +15,8 @@
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/sbp/local_math.hpp>
 
+#include "support/machine_skip.hpp"
+
 namespace flexpar {
 namespace {
 
@@ -25,7 +27,7 @@ int affinity_cores() {
 }
 
 TEST(blas_threads, auto_divides_my_cores_among_the_ranks_of_my_node) {
-  if (sbp::local::blas_threads_now() == 0) GTEST_SKIP() << "the BLAS is not OpenBLAS";
+  if (sbp::local::blas_threads_now() == 0) FLEXPAR_MACHINE_SKIP("the BLAS is not OpenBLAS");
   ASSERT_FALSE(config::environment_lookup("OPENBLAS_NUM_THREADS")) << "run with OPENBLAS_NUM_THREADS unset";
   config cfg = config::from_environment();
   for (int per_node : {0, 1}) {  // the detected node (every rank), then a node per rank
@@ -37,7 +39,7 @@ TEST(blas_threads, auto_divides_my_cores_among_the_ranks_of_my_node) {
 }
 
 TEST(blas_threads, a_number_sets_that_many_and_minus_one_leaves_them) {
-  if (sbp::local::blas_threads_now() == 0) GTEST_SKIP() << "the BLAS is not OpenBLAS";
+  if (sbp::local::blas_threads_now() == 0) FLEXPAR_MACHINE_SKIP("the BLAS is not OpenBLAS");
   config cfg = config::from_environment();
   cfg.blas_threads = 3;
   { const communicator comm = communicator::from_mpi(MPI_COMM_WORLD, cfg); }

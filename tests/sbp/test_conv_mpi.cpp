@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include "conv_checks.hpp"
+#include "support/machine_skip.hpp"
 
 namespace flexpar::sbp {
 namespace {
@@ -11,7 +12,7 @@ namespace {
 TEST(sbp_conv_mpi, every_signature_matches_the_serial_convolution) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) GTEST_SKIP() << "not under mpiexec";
+  if (!initialized) FLEXPAR_MACHINE_SKIP("not under mpiexec");
   communicator comm = communicator::from_mpi(MPI_COMM_WORLD);
   placement<1> mesh(comm, {comm.size()});
   testing_support::check_every_conv_signature(mesh);

@@ -11,6 +11,7 @@
 #include <flexpar/search/execute.hpp>
 
 #include "cnn_fixtures.hpp"
+#include "support/machine_skip.hpp"
 
 namespace {
 
@@ -20,7 +21,7 @@ using namespace flexpar::search::testing_support;
 TEST(search_execute_cnn_mpi, strategies_equal_the_serial_model) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) GTEST_SKIP() << "not under mpiexec";
+  if (!initialized) FLEXPAR_MACHINE_SKIP("not under mpiexec");
   flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
   const int p = comm.size();
   cluster cl = preset("2-1-cpu");

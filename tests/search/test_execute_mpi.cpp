@@ -7,6 +7,8 @@
 #include <flexpar/search/execute.hpp>
 #include <flexpar/search/mcmc.hpp>
 
+#include "support/machine_skip.hpp"
+
 namespace {
 
 using namespace flexpar::search;
@@ -32,7 +34,7 @@ bool one_d_of_all(const soap_config& c, int p) {
 TEST(search_execute_mpi, strategies_equal_the_serial_model) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) GTEST_SKIP() << "not under mpiexec";
+  if (!initialized) FLEXPAR_MACHINE_SKIP("not under mpiexec");
   flexpar::communicator comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD);
   const int p = comm.size();
   cluster cl = preset("2-1-cpu");
