@@ -2,13 +2,17 @@
 // next to memcpy of the same floats, in one run: an encoder or decoder at memory bandwidth runs near
 // the memcpy row. bytes_per_second counts the floats (4 bytes each) encoded or decoded; memcpy's row
 // copies that many bytes. Before its timed loop every codec row checks one round trip on varied
-// inputs (min-max: within its error bound; 1-bit: decode(encode(x)) is +-scale with the sign of x +
-// residual, and x = decoded + new residual); a wrong one is an error of that row (exit status 1).
+// inputs against bounds computed here, not taken from the codec: min-max within (max - min) / 510 of
+// its chunk plus two float roundings; 1-bit: every decoded element is +-(mean |x| of its chunk,
+// summed here in double) with the sign of x, and the residual kept is x minus it. A wrong one is an
+// error of that row (exit status 1).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include <flexpar/compress/minmax_uint8.hpp>
@@ -57,8 +61,11 @@ bool minmax_round_trip_holds(const flexpar::compress::minmax_uint8& q, const std
     const std::size_t n = std::min(q.chunk, x.size() - begin);
     float lo = x[begin], hi = x[begin];
     for (std::size_t i = begin; i < begin + n; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+    // half a step of 255 steps over [lo, hi], plus the roundings of the scale and of the decode
+    const float bound =
+        (hi - lo) / 510.0f + 2.0f * std::numeric_limits<float>::epsilon() * std::max(std::abs(lo), std::abs(hi));
     for (std::size_t i = begin; i < begin + n; ++i)
-      if (std::abs(back[i] - x[i]) > flexpar::compress::minmax_uint8::error_bound(lo, hi)) return false;
+      if (!(std::abs(back[i] - x[i]) <= bound)) return false;
   }
   return true;
 }
@@ -83,17 +90,25 @@ void minmax_decode(benchmark::State& state) {
   timed(state, n, out.data(), [&] { q.decode(bytes, out); });
 }
 
-/// One 1-bit round trip from a zero residual: every decoded element is +-scale of its chunk with the
-/// sign of x (- exactly where x < 0), and x == decoded + residual within a float rounding.
+/// One 1-bit round trip from a zero residual: every decoded element of a chunk is +-(the chunk's mean
+/// |x|, computed here in double; the codec sums in float lanes, so to 1e-6 relative), - exactly where
+/// x < 0, and the residual the codec keeps is x minus the decoded value.
 bool onebit_round_trip_holds(std::size_t chunk, const std::vector<float>& x) {
   flexpar::compress::onebit c(x.size(), chunk);
   std::vector<std::byte> bytes(c.encoded_size(x.size()));
   std::vector<float> back(x.size());
   c.encode(x, bytes);
   c.decode(bytes, back);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if ((back[i] < 0) != (x[i] < 0) || std::signbit(back[i]) != (x[i] < 0)) return false;
-    if (std::abs(back[i] + c.residual()[i] - x[i]) > 1e-6f * (1.0f + std::abs(x[i]))) return false;
+  for (std::size_t begin = 0; begin < x.size(); begin += chunk) {
+    const std::size_t end = std::min(x.size(), begin + chunk);
+    double mean = 0;
+    for (std::size_t i = begin; i < end; ++i) mean += std::abs(double(x[i]));
+    mean /= double(end - begin);
+    for (std::size_t i = begin; i < end; ++i) {
+      if ((back[i] < 0) != (x[i] < 0) || std::signbit(back[i]) != (x[i] < 0)) return false;
+      if (!(std::abs(std::abs(double(back[i])) - mean) <= 1e-6 * mean)) return false;
+      if (c.residual()[i] != x[i] - back[i]) return false;
+    }
   }
   return true;
 }

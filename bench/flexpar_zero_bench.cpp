@@ -11,6 +11,10 @@
 // held by the library's accounting (parameters + gradients + Adam state: after a step, and the most
 // during one, peaks of parameters and gradients added), the peak RSS
 // of each configuration (VmHWM after resetting it, the largest over ranks) and the wire bytes per step.
+// The result check: after the same steps every ZeRO mode's parameters (full_parameters()) must equal
+// data parallelism's within 1e-5 relative (they differ only in where the mean's rounding falls; the
+// gradients, the same on every rank, also quantize exactly), else the mode is named and the exit
+// status is 1. Under --only other than "data parallel" there is no reference and no check.
 //
 //   mpiexec.mpich -n 4 build/bench/flexpar_zero_bench --size 32M --iters 10
 //   scripts/fakehosts -n 2 -r 1gbit --done 'flexpar_zero_bench: done' -- build/bench/flexpar_zero_bench
@@ -18,6 +22,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -114,6 +119,8 @@ int main(int argc, char** argv) {
     for (int l = 0; l < layers; ++l) names.push_back("layer" + std::to_string(l));
     std::vector<row> rows;
     volatile float sink = 0;
+    std::vector<std::vector<float>> reference;  // data parallelism's parameters after its steps
+    int wrong = 0;
 
     if (only.empty() || only == "data parallel") {  // full parameters, gradients and Adam state on every rank
       reset_peak_rss();
@@ -141,6 +148,7 @@ int main(int argc, char** argv) {
       std::size_t state = 0;
       for (std::size_t l = 0; l < sizes.size(); ++l)
         for (const auto& s : opt.state(l, sizes[l])) state += s.floats.size_bytes() + s.counters.size_bytes();
+      reference = w;
       rows.push_back({"data parallel", flexpar::bench::median_of_slowest(ms),
                       static_cast<double>(2 * total * sizeof(float) + state),
                       static_cast<double>(2 * total * sizeof(float) + state), peak_rss_bytes(),
@@ -193,6 +201,19 @@ int main(int argc, char** argv) {
       if (c.stage < 3)  // the gathers step() started: held is read once they have landed
         for (const std::string& name : names) (void)model.gather(name);
       const flexpar::zero::memory_report m = model.memory();
+      if (!reference.empty()) {  // the same steps as data parallelism: the same parameters
+        const auto full = model.full_parameters();
+        for (std::size_t l = 0; l < full.size(); ++l)
+          for (std::size_t i = 0; i < full[l].second.size(); ++i) {
+            const float want = reference[l][i], got = full[l].second[i];
+            if (!(std::abs(got - want) <= 1e-5f * std::abs(want))) {
+              std::fprintf(stderr, "flexpar_zero_bench: rank %d: %s: %s[%zu] is %.9g, data parallelism's %.9g\n", rank,
+                           c.name, full[l].first.c_str(), i, double(got), double(want));
+              ++wrong;
+              break;
+            }
+          }
+      }
       rows.push_back({c.name, flexpar::bench::median_of_slowest(ms),
                       static_cast<double>(m.parameter_bytes + m.gradient_bytes + m.optimizer_bytes),
                       static_cast<double>(m.peak_parameter_bytes + m.peak_gradient_bytes + m.optimizer_bytes),
@@ -219,6 +240,7 @@ int main(int argc, char** argv) {
         std::printf("ZeRO-3 step / ZeRO-3 qwZ+qgZ step: %.2f\n", at("ZeRO-3") / at("ZeRO-3 qwZ+qgZ"));
       std::printf("flexpar_zero_bench: done\n");
     }
+    if (wrong != 0) status = 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flexpar_zero_bench: rank %d: %s\n", rank, e.what());
     status = 1;

@@ -135,6 +135,20 @@ inline std::vector<mismatch_case> mismatch_cases(int p, int odd) {
       "reduce_scatter_v by ring of " + ns + " f32 (sum)",
       "reduce_scatter_v by ring of " + ns + " f32 (sum) in uneven blocks #" +
           std::to_string(block_layout_digest(odd_counts)));
+  // two uneven layouts of the same total: the digests must differ from each other, not only from 0
+  std::vector<std::size_t> other_counts(pieces, n / pieces);
+  other_counts[0] -= 1;
+  other_counts[pieces - 1] += 1;
+  add(
+      "reduce_scatter_v by ring: two uneven layouts",
+      [n, odd_counts, other_counts](communicator& c, bool odd) {
+        const std::vector<std::size_t>& counts = odd ? odd_counts : other_counts;
+        on_guarded<float>(c, n, [&](std::span<float> d) { reduce_scatter_v(c, d, counts, reduce_op::sum, A::ring); });
+      },
+      "reduce_scatter_v by ring of " + ns + " f32 (sum) in uneven blocks #" +
+          std::to_string(block_layout_digest(other_counts)),
+      "reduce_scatter_v by ring of " + ns + " f32 (sum) in uneven blocks #" +
+          std::to_string(block_layout_digest(odd_counts)));
   for (A a : {A::ring, A::recursive_doubling}) {
     const std::string by = "allgather by " + std::string(name_of(a));
     add(

@@ -1,8 +1,10 @@
 // SBP global tensors in device memory (flexpar/cuda/sbp.hpp), threads as ranks on one GPU: every
 // boxing pair on 1-4 ranks and on a 2 x 2 mesh gives back the logical tensor it started from (gathered
 // by to_full, which does not box) and the same shard as the host boxing of the same source; identity
-// boxing allocates and copies nothing; the device ops against the host ops on the same inputs (small
-// integers: exact in f32 and bf16).
+// boxing allocates and copies nothing; the device ops against the host ops and the serial results on
+// the same inputs (small integers: exact in f32 and bf16), with P(sum) operands whose parts differ on
+// every rank, uneven splits, and on 1-D meshes of 1-3 ranks and a 2 x 2 mesh; the run-time form's
+// conversions (from, as<S>() and its error, to_host, release, adopt).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 
 #include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/cuda/sbp.hpp>
+#include <flexpar/cuda/sbp_dynamic.hpp>
 #include <flexpar/sbp/sbp.hpp>
 
 #include "sbp/boxing_checks.hpp"
@@ -234,6 +237,69 @@ TEST(device_tensor, round_trips_through_the_host_and_names_a_foreign_placement) 
       flexpar::testing_support::with_timeout(60s));
 }
 
+TEST(device_dynamic_tensor, from_as_to_host_release_and_adopt_keep_the_shard) {
+  run_in_process(
+      3,
+      [](communicator& comm) {
+        placement<1> mesh(comm, {comm.size()});
+        cuda::device_placement gpu(mesh, 0);
+        const shape_t shape{7, 4};  // 7 rows over 3 ranks: shards of 3, 2 and 2 rows
+        const auto full = logical<float>(shape, 5);
+        using dyn = dynamic_tensor<float, 1, memory::cuda>;
+        // static -> run-time (no copy: the same device block) -> static
+        auto s = global_tensor<float, split<0>, memory::cuda>::from_full(gpu, shape, full);
+        const std::vector<float> shard = s.download();
+        const float* block = s.to_local().data();
+        dyn d = dyn::from(std::move(s));
+        EXPECT_EQ(d.layout(), nd_parallel{parallel::S(0)});
+        EXPECT_EQ(d.shape(), shape);
+        EXPECT_EQ(d.to_local().data(), block) << "from() copied the shard";
+        EXPECT_EQ(d.download(), shard);
+        EXPECT_EQ(d.to_full(), full);
+        // as<S>() of another SBP: an error naming both, the tensor kept
+        try {
+          (void)std::move(d).as<broadcast>();
+          ADD_FAILURE() << "as<broadcast>() of an S(0) tensor succeeded";
+        } catch (const usage_error& e) {
+          const std::string text = e.what();
+          EXPECT_NE(text.find("dynamic_tensor::as"), std::string::npos) << text;
+          EXPECT_NE(text.find("S(0)"), std::string::npos) << text;
+          EXPECT_NE(text.find("B"), std::string::npos) << text;
+          EXPECT_NE(text.find("[rank " + std::to_string(comm.rank()) + "]"), std::string::npos) << text;
+        }
+        EXPECT_EQ(d.download(), shard) << "a refused as<S>() changed the shard";
+        // to_host: the same logical tensor and layout on the placement's host side
+        const dynamic_tensor<float, 1> h = to_host(d);
+        EXPECT_TRUE(h.where() == mesh);
+        EXPECT_EQ(h.layout(), d.layout());
+        EXPECT_EQ(std::vector<float>(h.to_local().begin(), h.to_local().end()), shard);
+        EXPECT_EQ(h.to_full(), full);
+        // boxed at run time, then back to its static type
+        dyn b = to(std::move(d), nd_parallel{parallel::B()});
+        auto whole = std::move(b).as<broadcast>();
+        EXPECT_EQ(whole.download(), full);
+        // release() hands the shard out and leaves the tensor empty; adopt() takes it (same block), and
+        // refuses a shard of another size naming both sizes
+        dyn r = dyn::from(std::move(whole));
+        const float* whole_block = r.to_local().data();
+        cuda::device_shard<float> taken = std::move(r).release();
+        EXPECT_EQ(r.to_local().size(), 0u);
+        EXPECT_EQ(taken.count, full.size());
+        dyn again = dyn::adopt(gpu, shape, nd_parallel{parallel::B()}, std::move(taken));
+        EXPECT_EQ(again.to_local().data(), whole_block);
+        EXPECT_EQ(again.to_full(), full);
+        try {
+          (void)dyn::adopt(gpu, shape, nd_parallel{parallel::S(0)}, dyn::acquire(gpu, 5));
+          ADD_FAILURE() << "adopt() took a shard of the wrong size";
+        } catch (const usage_error& e) {
+          const std::string text = e.what();
+          EXPECT_NE(text.find("5 were given"), std::string::npos) << text;
+          EXPECT_NE(text.find(std::to_string(shard.size()) + " elements"), std::string::npos) << text;
+        }
+      },
+      flexpar::testing_support::with_timeout(60s));
+}
+
 /// Runs `body(mesh, gpu)` on `world` thread ranks sharing GPU 0: a 1-D mesh of every rank and its
 /// device side.
 template <class Body>
@@ -248,23 +314,48 @@ void on_one_gpu(int world, Body body) {
       flexpar::testing_support::with_timeout(std::chrono::seconds(120)));
 }
 
-template <class T, class A, class B>
-void check_matmul(const cuda::device_placement<1>& gpu, const shape_t& sa, const shape_t& sb, int salt) {
-  // integers in [-2, 2]: every product, partial sum and sum (|x| <= 36) is exact in f32 and in bf16
-  auto small = [](const std::vector<float>& v) {
-    std::vector<float> out(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<float>((static_cast<int>(v[i]) + 11) % 5 - 2);
-    return out;
-  };
-  const auto fa = small(logical<float>(sa, salt)), fb = small(logical<float>(sb, salt + 1));
+/// True when a mesh axis of S is partial.
+template <class S>
+constexpr bool has_partial() {
+  for (std::size_t d = 0; d < nd_of<S>::mesh_rank; ++d)
+    if (nd_of<S>::value[d].is_partial()) return true;
+  return false;
+}
+
+/// Integers in [-2, 2] from logical (every product and sum of the matmuls here is exact in f32 and bf16).
+std::vector<float> small_values(const shape_t& shape, int salt) {
+  std::vector<float> out = logical<float>(shape, salt);
+  for (float& x : out) x = static_cast<float>((static_cast<int>(x) + 11) % 5 - 2);
+  return out;
+}
+
+/// matmul of device tensors against the host matmul of the same inputs and against the serial product.
+/// Each operand is built from its logical values by distinct_source: a P(sum) operand holds a
+/// different non-zero part on every rank (not the whole on one rank and zeros elsewhere).
+template <class T, class A, class B, std::size_t N>
+void check_matmul(const cuda::device_placement<N>& gpu, const shape_t& sa, const shape_t& sb, int salt) {
+  const auto fa = small_values(sa, salt), fb = small_values(sb, salt + 1);
   std::vector<T> ta(fa.size()), tb(fb.size());
   for (std::size_t i = 0; i < fa.size(); ++i) ta[i] = static_cast<T>(fa[i]);
   for (std::size_t i = 0; i < fb.size(); ++i) tb[i] = static_cast<T>(fb[i]);
-  const auto ha = global_tensor<float, A>::from_full(gpu.host(), sa, fa);
-  const auto hb = global_tensor<float, B>::from_full(gpu.host(), sb, fb);
+  const auto ha = distinct_source<float, A>(gpu.host(), sa, fa, salt);
+  const auto hb = distinct_source<float, B>(gpu.host(), sb, fb, salt + 1);
   const auto expected = matmul(ha, hb).to_full();
-  const auto da = global_tensor<T, A, memory::cuda>::from_full(gpu, sa, ta);
-  const auto db = global_tensor<T, B, memory::cuda>::from_full(gpu, sb, tb);
+  std::vector<float> serial(sa[0] * sb[1], 0.0f);  // the oracle: the product of the logical operands
+  for (std::size_t i = 0; i < sa[0]; ++i)
+    for (std::size_t k = 0; k < sa[1]; ++k)
+      for (std::size_t j = 0; j < sb[1]; ++j) serial[i * sb[1] + j] += fa[i * sa[1] + k] * fb[k * sb[1] + j];
+  ASSERT_EQ(expected, serial) << "the host matmul " << to_string<A>() << " x " << to_string<B>();
+  auto device_operand = [&]<class S>(S, const shape_t& shape, const std::vector<T>& values, int s) {
+    if constexpr (std::is_same_v<T, float>) {
+      return to_device(distinct_source<T, S>(gpu.host(), shape, values, s), gpu);
+    } else {  // bf16 has no arithmetic on the host to split parts with: layouts without a partial axis
+      static_assert(!has_partial<S>(), "a bf16 operand here is split or broadcast");
+      return global_tensor<T, S, memory::cuda>::from_full(gpu, shape, values);
+    }
+  };
+  const auto da = device_operand(A{}, sa, ta, salt);
+  const auto db = device_operand(B{}, sb, tb, salt + 1);
   const auto dc = matmul(da, db);
   static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(dc)>::sbp_type,
                                typename std::remove_cvref_t<decltype(matmul(ha, hb))>::sbp_type>);
@@ -274,32 +365,81 @@ void check_matmul(const cuda::device_placement<1>& gpu, const shape_t& sa, const
     ASSERT_EQ(static_cast<float>(got[i]), expected[i]) << to_string<A>() << " x " << to_string<B>() << " i " << i;
 }
 
-TEST(device_ops, matmul_add_mul_relu_match_the_host_ops) {
+/// add, mul and relu of device tensors of layout S against the serial results and the host ops; with
+/// a partial axis in S, add (P + P -> P) and mul by the partner layout W (P x B -> P) only (mul of two
+/// partials and relu of one have no signature). The operands' partial parts differ on every rank.
+template <class S, class W, std::size_t N>
+void check_elementwise(const cuda::device_placement<N>& gpu, const shape_t& shape, int salt) {
+  const std::string what = to_string<S>() + " " + to_string(shape) + " on rank " + std::to_string(gpu.parent().rank());
+  const auto fa = logical<float>(shape, salt), fb = logical<float>(shape, salt + 1);
+  std::vector<float> sum(fa.size()), product(fa.size()), rectified(fa.size());
+  for (std::size_t i = 0; i < fa.size(); ++i) {
+    sum[i] = fa[i] + fb[i];
+    product[i] = fa[i] * fb[i];
+    rectified[i] = std::max(fa[i], 0.0f);
+  }
+  const auto ha = distinct_source<float, S>(gpu.host(), shape, fa, salt);
+  const auto hb = distinct_source<float, S>(gpu.host(), shape, fb, salt + 1);
+  const auto da = to_device(ha, gpu), db = to_device(hb, gpu);
+  EXPECT_EQ(add(da, db).to_full(), sum) << "add " << what;
+  EXPECT_EQ(add(ha, hb).to_full(), sum) << "the host add " << what;
+  const auto hw = distinct_source<float, W>(gpu.host(), shape, fb, salt + 2);
+  const auto dw = to_device(hw, gpu);
+  EXPECT_EQ(mul(da, dw).to_full(), product) << "mul by " << to_string<W>() << " " << what;
+  EXPECT_EQ(mul(ha, hw).to_full(), product) << "the host mul " << what;
+  if constexpr (!has_partial<S>()) {
+    EXPECT_EQ(relu(da).to_full(), rectified) << "relu " << what;
+    EXPECT_EQ(relu(ha).to_full(), rectified) << "the host relu " << what;
+  }
+}
+
+TEST(device_ops, matmul_add_mul_relu_match_the_host_ops_and_the_serial_results) {
   for (int world : {1, 2, 3})
-    on_one_gpu(world, [](const placement<1>& mesh, const cuda::device_placement<1>& gpu) {
+    on_one_gpu(world, [](const placement<1>&, const cuda::device_placement<1>& gpu) {
       for (const auto& [sa, sb] : {std::pair{shape_t{7, 5}, shape_t{5, 4}}, std::pair{shape_t{4, 9}, shape_t{9, 6}},
                                    std::pair{shape_t{3, 0}, shape_t{0, 2}}}) {
         check_matmul<float, split<0>, broadcast>(gpu, sa, sb, 1);
         check_matmul<float, broadcast, split<1>>(gpu, sa, sb, 2);
         check_matmul<float, split<1>, split<0>>(gpu, sa, sb, 3);
+        check_matmul<float, partial_sum, broadcast>(gpu, sa, sb, 6);  // P x B -> P: parts on every rank
+        check_matmul<float, broadcast, partial_sum>(gpu, sa, sb, 7);
         check_matmul<bfloat16, split<0>, broadcast>(gpu, sa, sb, 4);
         check_matmul<bfloat16, split<1>, split<0>>(gpu, sa, sb, 5);
       }
-      const shape_t shape{6, 5};
-      const auto fa = logical<float>(shape, 7), fb = logical<float>(shape, 8);
-      const auto ha = global_tensor<float, split<0>>::from_full(mesh, shape, fa);
-      const auto hb = global_tensor<float, split<0>>::from_full(mesh, shape, fb);
-      const auto da = to_device(ha, gpu), db = to_device(hb, gpu);
-      EXPECT_EQ(add(da, db).to_full(), add(ha, hb).to_full());
-      EXPECT_EQ(mul(da, db).to_full(), mul(ha, hb).to_full());
-      EXPECT_EQ(relu(da).to_full(), relu(ha).to_full());
-      // (P, B) -> P: a partial tensor times a whole one
-      const auto whole = to<broadcast>(db);
-      EXPECT_EQ(to<broadcast>(mul(to<partial_sum>(to<broadcast>(da)), whole)).to_full(), mul(ha, hb).to_full());
-      // partial sums add as partial sums: P + P -> P, gathered (reduced) on the host
-      const auto pa = to<partial_sum>(to<broadcast>(da)), pb = to<partial_sum>(to<broadcast>(db));
-      EXPECT_EQ(to<broadcast>(add(pa, pb)).to_full(), add(ha, hb).to_full());
+      int salt = 10;
+      // 7 and 5 rows split unevenly over 2 and 3 ranks; a column of one; no rows
+      for (const shape_t& shape : {shape_t{6, 5}, shape_t{7, 3}, shape_t{5, 1}, shape_t{0, 4}}) {
+        check_elementwise<split<0>, split<0>>(gpu, shape, ++salt);
+        check_elementwise<split<1>, split<1>>(gpu, shape, ++salt);
+        check_elementwise<broadcast, broadcast>(gpu, shape, ++salt);
+        check_elementwise<partial_sum, broadcast>(gpu, shape, ++salt);
+      }
     });
+}
+
+TEST(device_ops, matmul_and_elementwise_ops_on_a_2x2_mesh_match_the_serial_results) {
+  run_in_process(
+      4,
+      [](communicator& comm) {
+        placement<2> mesh(comm, {2, 2});
+        cuda::device_placement gpu(mesh, 0);
+        for (const auto& [sa, sb] :
+             {std::pair{shape_t{7, 5}, shape_t{5, 3}}, std::pair{shape_t{4, 6}, shape_t{6, 5}}}) {
+          check_matmul<float, sbp<split<0>, broadcast>, sbp<broadcast, split<1>>>(gpu, sa, sb, 1);     // (S0, S1)
+          check_matmul<float, sbp<split<0>, split<1>>, sbp<broadcast, split<0>>>(gpu, sa, sb, 2);      // (S0, P)
+          check_matmul<float, sbp<partial_sum, split<0>>, sbp<broadcast, broadcast>>(gpu, sa, sb, 3);  // (P, S0)
+          check_matmul<bfloat16, sbp<split<0>, broadcast>, sbp<broadcast, split<1>>>(gpu, sa, sb, 4);
+        }
+        int salt = 20;
+        for (const shape_t& shape : {shape_t{7, 5}, shape_t{5, 3}, shape_t{2, 1}}) {
+          check_elementwise<sbp<split<0>, split<1>>, sbp<split<0>, split<1>>>(gpu, shape, ++salt);
+          check_elementwise<sbp<split<1>, broadcast>, sbp<split<1>, broadcast>>(gpu, shape, ++salt);
+          check_elementwise<sbp<partial_sum, split<1>>, sbp<broadcast, split<1>>>(gpu, shape, ++salt);
+          check_elementwise<sbp<split<0>, partial_sum>, sbp<split<0>, broadcast>>(gpu, shape, ++salt);
+          check_elementwise<sbp<partial_sum, partial_sum>, sbp<broadcast, broadcast>>(gpu, shape, ++salt);
+        }
+      },
+      flexpar::testing_support::with_timeout(180s));
 }
 
 /// Within float rounding: the host and the device both compute in double and round once; exp and erf

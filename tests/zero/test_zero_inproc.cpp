@@ -104,6 +104,11 @@ TEST_P(zero_inproc, memory_accounting) {
   }
 }
 
+TEST_P(zero_inproc, prefetch_bucket_members_and_settings) {
+  run_in_process(
+      GetParam(), [](communicator& comm) { testing_support::zero_prefetch_and_introspection(comm); }, test_config());
+}
+
 TEST_P(zero_inproc, destroyed_with_gathers_queued) {
   run_in_process(
       GetParam(), [](communicator& comm) { testing_support::zero_destroyed_with_gathers_queued(comm); }, test_config());

@@ -40,16 +40,24 @@ int main(int argc, char** argv) {
       }
     }
     flexpar::zero::sharded_data_parallel<1> model(mesh, {.stage = 3, .overlap = false});
-    const std::vector<float> w(10, 1.0f);
+    // 11 values (uneven shards), each rank's gradient its own: rank r's g[i] = (r + 1) (i + 1); the
+    // mean over p ranks is (p + 1) / 2 (i + 1), exact in f32 here, and a step of 0.5 moves w[i] by it
+    const int p = comm.size(), r = comm.rank();
+    std::vector<float> w(11), expected(11);
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      w[i] = 100.0f + float(i);
+      expected[i] = w[i] - 0.5f * float(p + 1) / 2.0f * float(i + 1);
+    }
     model.add("w", w);
     model.start();
-    for (float& g : model.gradient("w")) g = 1.0f;
+    const auto g = model.gradient("w");
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = float(r + 1) * float(i + 1);
     model.gradient_ready("w");
     flexpar::relax::sgd opt({.learning_rate = 0.5f});
     model.step(opt);
     const auto full = model.full_parameters();
-    if (full.size() != 1 || full[0].second != std::vector<float>(10, 0.5f)) {
-      std::puts("FAIL: without the thread, one SGD step did not give 1 - 0.5 * mean(1)");
+    if (full.size() != 1 || full[0].second != expected) {
+      std::printf("FAIL: rank %d: without the thread, one SGD step did not give w - 0.5 * mean over ranks of g\n", r);
       failed = 1;
     }
   }

@@ -294,6 +294,61 @@ inline void zero_memory_accounting(communicator& comm, int stage) {
   }
 }
 
+/// Stage 3's prefetch, seen in the traffic counters (a gather is counted when it starts): in the second
+/// step, asking for bucket 0 starts its gather and the next `prefetch` ones of the first step's order;
+/// asking for bucket b > 0 then starts only the one that enters the window (b + prefetch), none past
+/// the last. Without prefetch each bucket starts when asked for. Parameters of 8, 4, 4, 8 and 8 f32
+/// in buckets of 8: {p0}, {p1, p2}, {p3}, {p4} (bucket_members); settings() are the options given.
+inline void zero_prefetch_and_introspection(communicator& comm) {
+  sbp::placement<1> mesh(comm, {comm.size()});
+  const std::array<std::size_t, 5> sizes{8, 4, 4, 8, 8};
+  const std::vector<std::vector<std::string>> members{{"p0"}, {"p1", "p2"}, {"p3"}, {"p4"}};
+  for (int prefetch : {0, 1, 2}) {
+    SCOPED_TRACE("prefetch " + std::to_string(prefetch));
+    const zero::options o{.stage = 3, .bucket_bytes = 8 * sizeof(float), .overlap = true, .prefetch = prefetch};
+    zero::sharded_data_parallel<1> model(mesh, o);
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      model.add("p" + std::to_string(i), sizes[i], [i](std::size_t first, std::span<float> v) {
+        for (std::size_t j = 0; j < v.size(); ++j) v[j] = float(i * 100 + first + j);
+      });
+    model.start();
+    EXPECT_EQ(model.settings().prefetch, prefetch);
+    EXPECT_EQ(model.settings().bucket_bytes, o.bucket_bytes);
+    EXPECT_EQ(model.settings().stage, 3);
+    ASSERT_EQ(model.buckets(), members.size());
+    for (std::size_t b = 0; b < members.size(); ++b) EXPECT_EQ(model.bucket_members(b), members[b]) << "bucket " << b;
+    relax::sgd opt({.learning_rate = 0.0f});  // the weights stay: each gather gives the initial values
+    for (int step = 0; step < 2; ++step) {
+      for (std::size_t b = 0; b < members.size(); ++b) {
+        const std::uint64_t before = model.traffic().gathers;
+        {
+          const std::string& name = members[b][0];
+          auto w = model.gather(name);
+          const std::size_t i = static_cast<std::size_t>(std::stoi(name.substr(1)));
+          ASSERT_EQ(w.values().size(), sizes[i]);
+          for (std::size_t j = 0; j < sizes[i]; ++j) ASSERT_EQ(w.values()[j], float(i * 100 + j)) << name;
+        }
+        const std::uint64_t started = model.traffic().gathers - before;
+        const std::size_t last = members.size() - 1;
+        std::uint64_t expected = 1;  // the first step: no order to prefetch along
+        if (step == 1 && prefetch > 0)
+          expected = b == 0 ? 1 + std::min<std::size_t>(last, static_cast<std::size_t>(prefetch))
+                            : (b + static_cast<std::size_t>(prefetch) <= last ? 1 : 0);
+        EXPECT_EQ(started, expected) << "gathers started by asking for bucket " << b << " in step " << step;
+      }
+      for (std::size_t i = sizes.size(); i-- > 0;) {
+        const std::string name = "p" + std::to_string(i);
+        auto g = model.gradient(name);
+        std::fill(g.begin(), g.end(), 0.0f);
+        model.gradient_ready(name);
+      }
+      ASSERT_TRUE(model.step(opt));
+    }
+    EXPECT_EQ(model.traffic().steps, 2u);
+    EXPECT_EQ(model.traffic().gathers, 8u);  // every bucket once per step, prefetched or not
+  }
+}
+
 /// A model destroyed right after step(), while the gathers step() started may still be queued on its
 /// thread: every rank must run them all (a rank that dropped the ones it had not started left its
 /// peers in a gather it never joined). Many times, each followed by a collective on the model's
