@@ -2,6 +2,7 @@
 // MPI (node detection, the transport chosen by config) and their splits, node topologies.
 
 #include <flexpar/comm/communicator.hpp>
+#include <flexpar/comm/cpu_cache.hpp>
 #include <flexpar/core/check_mpi.hpp>
 #include <flexpar/sbp/local_math.hpp>
 #include <flexpar/transport/mpi.hpp>
@@ -170,16 +171,12 @@ void communicator::close_at_finalize(std::shared_ptr<detail::finalize_registry> 
   at_finalize_ = detail::finalize_hook(std::move(registry), [t = transport_.get()] { t->close(); });
 }
 
-namespace {
-/// Bytes of this CPU's last-level cache as Linux describes cpu0's caches in sysfs (the highest level
-/// of a data or unified cache: "32768K"); 0 when unknown. Not sysconf(_SC_LEVEL3_CACHE_SIZE): on the
-/// 2-core AMD EPYC VM glibc reports 320 MiB there, where sysfs (and lscpu) says 32 MiB.
-std::size_t last_level_cache_bytes() {
+std::size_t last_level_cache_bytes(const std::filesystem::path& cache_dir) {
   int best_level = 0;
   std::size_t best = 0;
   for (int index = 0; index < 16; ++index) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
-    std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+    const std::filesystem::path dir = cache_dir / ("index" + std::to_string(index));
+    std::ifstream level_file(dir / "level"), type_file(dir / "type"), size_file(dir / "size");
     int level = 0;
     std::string type, size;
     if (!(level_file >> level) || !(type_file >> type) || !(size_file >> size) || type == "Instruction") continue;
@@ -199,18 +196,14 @@ std::size_t last_level_cache_bytes() {
   }
   return best;
 }
-}  // namespace
 
 communicator::communicator(std::unique_ptr<flexpar::transport> t, node_topology topology, config cfg,
                            detail::owned_mpi_comm mpi)
     : transport_(std::move(t)), topology_(std::move(topology)), config_(std::move(cfg)), mpi_(std::move(mpi)) {
   if (!transport_) throw usage_error("communicator: the transport is null");
-  if (!config_.source_in_memory_min_bytes) {  // the last-level cache's share of each rank of my node
-    const std::size_t cache = last_level_cache_bytes();
+  if (!config_.source_in_memory_min_bytes)  // the last-level cache's share of each rank of my node
     config_.source_in_memory_min_bytes =
-        cache == 0 ? config_.streaming_min_bytes
-                   : std::max<std::size_t>(1, cache / static_cast<std::size_t>(std::max(1, topology_.local_size())));
-  }
+        cache_share(last_level_cache_bytes(), topology_.local_size(), config_.streaming_min_bytes);
 }
 
 std::optional<communicator> communicator::split(int color, int key) const {

@@ -2,18 +2,22 @@
 // 1-8 (support/world_sizes.hpp), counts {0, 1, 7, one chunk + 1, 1 MiB + 3}, in place and out of place.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <thread>
 
 #include <flexpar/collective.hpp>
+#include <flexpar/comm/cpu_cache.hpp>
 #include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/transport/inproc.hpp>
 
 #include "oracle.hpp"
-#include "support/machine_skip.hpp"
 #include "support/world_sizes.hpp"
 #include "sweep.hpp"
 
@@ -555,8 +559,8 @@ TEST(inproc_collective_contracts, hierarchical_on_uneven_nodes_is_a_usage_error)
 
 TEST(inproc_collective_contracts, the_source_threshold_is_the_last_level_cache_shared_among_my_nodes_ranks) {
   // Unset, config::source_in_memory_min_bytes is resolved when the communicator is made: the cache
-  // divided among the ranks of my node (or streaming_min_bytes where sysfs names no cache); a value
-  // that is set is kept. 4 ranks in nodes of 2 hold twice the share of 4 ranks in one node.
+  // this machine's sysfs names divided among the ranks of my node (streaming_min_bytes where it names
+  // none: this VM); a value that is set is kept.
   auto resolved = [](int ranks_per_node, std::optional<std::size_t> set) {
     std::vector<std::size_t> seen(4);
     config cfg = test_config();
@@ -570,12 +574,45 @@ TEST(inproc_collective_contracts, the_source_threshold_is_the_last_level_cache_s
     EXPECT_EQ(std::count(seen.begin(), seen.end(), seen[0]), 4);
     return seen[0];
   };
-  const std::size_t pairs = resolved(2, std::nullopt), four = resolved(4, std::nullopt);
-  if (pairs == config{}.streaming_min_bytes && four == pairs) FLEXPAR_MACHINE_SKIP("sysfs names no cache for cpu0");
-  EXPECT_GE(pairs, 2 * four);
-  EXPECT_LE(pairs, 2 * four + 1);
+  const std::size_t cache = last_level_cache_bytes(), fallback = config{}.streaming_min_bytes;
+  EXPECT_EQ(resolved(2, std::nullopt), cache_share(cache, 2, fallback));
+  EXPECT_EQ(resolved(4, std::nullopt), cache_share(cache, 4, fallback));
   EXPECT_EQ(resolved(2, std::size_t{12345}), 12345u);
   EXPECT_EQ(resolved(4, std::size_t{0}), 0u);
+  // the share itself: 4 ranks in nodes of 2 hold twice what 4 ranks in one node hold
+  EXPECT_EQ(cache_share(32 << 20, 2, fallback), std::size_t{16} << 20);
+  EXPECT_EQ(cache_share(32 << 20, 4, fallback), std::size_t{8} << 20);
+  EXPECT_EQ(cache_share(3, 4, fallback), 1u);
+  EXPECT_EQ(cache_share(0, 4, fallback), fallback);
+}
+
+TEST(inproc_collective_contracts, the_last_level_cache_is_read_from_a_sysfs_layout) {
+  // A directory laid out as sysfs's cpu0/cache: L1 data and instruction, a unified L2 and L3; the
+  // highest data or unified level counts, an instruction cache or an unreadable entry does not.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("flexpar-cache-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  auto entry = [&](int index, const char* level, const char* type, const char* size) {
+    const std::filesystem::path d = dir / ("index" + std::to_string(index));
+    std::filesystem::create_directories(d);
+    std::ofstream(d / "level") << level << "\n";
+    std::ofstream(d / "type") << type << "\n";
+    std::ofstream(d / "size") << size << "\n";
+  };
+  EXPECT_EQ(last_level_cache_bytes(dir), 0u) << "no directory";
+  entry(0, "1", "Data", "32K");
+  entry(1, "1", "Instruction", "32K");
+  EXPECT_EQ(last_level_cache_bytes(dir), std::size_t{32} << 10);
+  entry(2, "2", "Unified", "1M");
+  EXPECT_EQ(last_level_cache_bytes(dir), std::size_t{1} << 20);
+  entry(3, "3", "Unified", "32768K");
+  EXPECT_EQ(last_level_cache_bytes(dir), std::size_t{32} << 20);
+  entry(4, "4", "Instruction", "64M");  // a higher level, but not data
+  entry(5, "4", "Unified", "lots");     // unreadable
+  EXPECT_EQ(last_level_cache_bytes(dir), std::size_t{32} << 20);
+  entry(6, "4", "Data", "4194304");  // bytes without a unit
+  EXPECT_EQ(last_level_cache_bytes(dir), std::size_t{4} << 20);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(inproc_collective_contracts, shared_memory_across_nodes_is_a_usage_error_that_says_why) {
