@@ -647,8 +647,24 @@ TEST(checkpoint_crash, a_killed_save_leaves_the_old_or_the_new_checkpoint) {
   posix_spawn_file_actions_t quiet;  // the child's gtest output is not this test's
   ::posix_spawn_file_actions_init(&quiet);
   ::posix_spawn_file_actions_addopen(&quiet, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  // The kills must fall before, inside and after saves on this machine (a sanitized build on a loaded
+  // one starts and writes several times slower): first a child runs until its first checkpoint is
+  // committed, which times one start and save; the trials then kill after 5 ms up to 3 times that.
+  auto first_commit = std::chrono::milliseconds(400);
+  {
+    pid_t child = 0;
+    ASSERT_EQ(::posix_spawn(&child, exe.c_str(), &quiet, nullptr, argv, env.data()), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!std::filesystem::exists(dir) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    first_commit = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    ASSERT_TRUE(std::filesystem::exists(dir)) << "no checkpoint committed within 60 s";
+    std::filesystem::remove_all(dir);
+  }
   std::mt19937 rng(20261201);
-  std::uniform_int_distribution<int> delay_ms(5, 400);
+  std::uniform_int_distribution<int> delay_ms(5, std::max(400, 3 * static_cast<int>(first_commit.count())));
   std::int64_t last_step = 0;
   int whole = 0;
   for (int trial = 0; trial < 12; ++trial) {
@@ -683,8 +699,10 @@ TEST(checkpoint_crash, a_killed_save_leaves_the_old_or_the_new_checkpoint) {
         with_timeout());
   }
   ::posix_spawn_file_actions_destroy(&quiet);
-  std::printf("12 saves killed: %d left a whole checkpoint (the others none yet), the last of step %lld\n", whole,
-              static_cast<long long>(last_step));
+  std::printf(
+      "12 saves killed within 5-%d ms (a first commit took %lld ms): %d left a whole checkpoint (the others "
+      "none yet), the last of step %lld\n",
+      delay_ms.max(), static_cast<long long>(first_commit.count()), whole, static_cast<long long>(last_step));
   EXPECT_GT(whole, 0) << "no save finished before its kill: the delays are too short for this machine";
   EXPECT_GT(last_step, 0);
   // a save after the crashes removes the hidden directory a killed one left
