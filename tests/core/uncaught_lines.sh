@@ -18,4 +18,8 @@ while IFS= read -r line; do
   fi
 done <<< "$out"
 ((whole >= 1)) || { echo "FAILED: no rank printed its error:"; echo "$out" | cut -c1-200; exit 1; }
-echo "uncaught_lines: $whole whole error line(s), nothing interleaved"
+# an error whose text names no rank gets "[rank R] " in front of it
+out=$("$mpiexec" -n 3 "$demo" plain 2>&1) && { echo "FAILED: the plain demo exited 0"; exit 1; }
+grep -Eq '^\[rank [0-2]\] uncaught_demo: a plain error \(end\) \(uncaught std::runtime_error\)$' <<< "$out" ||
+  { echo "FAILED: a plain error's line lacks its rank:"; echo "$out" | grep "plain error"; exit 1; }
+echo "uncaught_lines: $whole whole error line(s), nothing interleaved; a plain error prefixed with its rank"

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstring>
 #include <numeric>
@@ -140,6 +141,29 @@ inline void ordered_same_tag(communicator& comm) {
     const std::size_t size = static_cast<std::size_t>(i) * 3;
     ASSERT_EQ(recvs[static_cast<std::size_t>(i)].bytes(), size) << "message " << i << " arrived out of order";
     expect_message(ins[static_cast<std::size_t>(i)], size, prev, me, size);
+  }
+}
+
+/// Messages with different tags between one pair are matched by tag, not by arrival: tags 7, 8, 9
+/// sent in that order (each its own size) into receives posted for 9, 8, 7 land each in its own.
+inline void matched_by_tag(communicator& comm) {
+  transport& t = comm.transport();
+  const int p = t.size(), me = t.rank(), next = (me + 1) % p, prev = (me + p - 1) % p;
+  const std::array<tag_t, 3> tags{7, 8, 9};
+  std::vector<std::vector<std::byte>> outs, ins;
+  for (std::size_t k = 0; k < tags.size(); ++k) {
+    outs.push_back(pattern_message(me, next, 100 + 10 * k));
+    ins.emplace_back(200);  // room for any of them
+  }
+  std::vector<request> recvs, sends;
+  for (std::size_t k = tags.size(); k-- > 0;) recvs.push_back(t.irecv(prev, tags[k], ins[k]));
+  for (std::size_t k = 0; k < tags.size(); ++k) sends.push_back(t.isend(next, tags[k], outs[k]));
+  wait_all(sends, comm.default_deadline());
+  wait_all(recvs, comm.default_deadline());
+  for (std::size_t k = 0; k < tags.size(); ++k) {
+    const std::size_t size = 100 + 10 * k, at = tags.size() - 1 - k;  // recvs were posted last tag first
+    ASSERT_EQ(recvs[at].bytes(), size) << "the receive for tag " << tags[k] << " got another tag's message";
+    expect_message(ins[k], size, prev, me, size);
   }
 }
 

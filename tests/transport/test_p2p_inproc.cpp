@@ -63,6 +63,11 @@ TEST_P(inproc_p2p, same_tag_messages_keep_their_order) {
       GetParam(), [](communicator& comm) { testing_support::ordered_same_tag(comm); }, short_timeouts());
 }
 
+TEST_P(inproc_p2p, messages_are_matched_by_tag) {
+  run_in_process(
+      GetParam(), [](communicator& comm) { testing_support::matched_by_tag(comm); }, short_timeouts());
+}
+
 TEST_P(inproc_p2p, split_groups_do_not_mix_with_the_parent) {
   run_in_process(
       GetParam(),

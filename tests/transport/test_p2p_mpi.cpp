@@ -36,6 +36,11 @@ TEST(mpi_p2p, same_tag_messages_keep_their_order) {
   testing_support::ordered_same_tag(comm);
 }
 
+TEST(mpi_p2p, messages_are_matched_by_tag) {
+  communicator comm = make_comm();
+  testing_support::matched_by_tag(comm);
+}
+
 TEST(mpi_p2p, split_and_node_topology) {
   communicator comm = make_comm();
   std::optional<communicator> sub = comm.split(comm.rank() % 2, -comm.rank());
