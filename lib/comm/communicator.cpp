@@ -3,8 +3,8 @@
 
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/comm/cpu_cache.hpp>
+#include <flexpar/core/blas_threads.hpp>
 #include <flexpar/core/check_mpi.hpp>
-#include <flexpar/sbp/local_math.hpp>
 #include <flexpar/transport/mpi.hpp>
 #include <flexpar/transport/ucx.hpp>
 
@@ -162,7 +162,7 @@ communicator communicator::from_mpi(MPI_Comm comm, const config& cfg, thread_nee
   communicator made(std::move(t), std::move(topology), cfg, std::move(own));
   made.close_at_finalize(detail::finalize_registry::attach());
   // p ranks on a node with a BLAS thread per core each run p times as many threads as there are cores
-  sbp::local::size_blas_threads(cfg.blas_threads, ranks_on_node, &config::environment_lookup);
+  size_blas_threads(cfg.blas_threads, ranks_on_node, &config::environment_lookup);
   return made;
 }
 

@@ -1,7 +1,6 @@
 // lib/sbp/local_math.cpp — the BLAS calls of the SBP ops (flexpar/sbp/local_math.hpp). Kept out of the headers so that
 // code including flexpar never needs cblas.h.
 #include <cblas.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <climits>
@@ -12,33 +11,7 @@
 #include <flexpar/core/error.hpp>
 #include <flexpar/sbp/local_math.hpp>
 
-// OpenBLAS's thread control, weak: with another BLAS (-DBLA_VENDOR=...) they are null and the
-// threads are left alone.
-extern "C" {
-void openblas_set_num_threads(int);
-int openblas_get_num_threads(void);
-}
-#pragma weak openblas_set_num_threads
-#pragma weak openblas_get_num_threads
-
 namespace flexpar::sbp::local {
-
-int size_blas_threads(int blas_threads, int ranks_on_node, std::optional<std::string> (*lookup)(std::string_view)) {
-  if (blas_threads < 0 || openblas_set_num_threads == nullptr) return 0;
-  int n = blas_threads;
-  if (n == 0) {
-    for (const char* name : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"})
-      if (lookup(name)) return 0;  // the user's choice rules
-    cpu_set_t mine;
-    CPU_ZERO(&mine);
-    const int cores = ::sched_getaffinity(0, sizeof mine, &mine) == 0 ? CPU_COUNT(&mine) : 1;
-    n = std::max(1, cores / std::max(1, ranks_on_node));
-  }
-  openblas_set_num_threads(n);
-  return n;
-}
-
-int blas_threads_now() { return openblas_get_num_threads != nullptr ? openblas_get_num_threads() : 0; }
 
 namespace {
 int checked(std::size_t n, const char* what) {

@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include <flexpar/comm/communicator.hpp>
-#include <flexpar/sbp/local_math.hpp>
+#include <flexpar/core/blas_threads.hpp>
 
 #include "support/machine_skip.hpp"
 
@@ -27,26 +27,26 @@ int affinity_cores() {
 }
 
 TEST(blas_threads, auto_divides_my_cores_among_the_ranks_of_my_node) {
-  if (sbp::local::blas_threads_now() == 0) FLEXPAR_MACHINE_SKIP("the BLAS is not OpenBLAS");
+  if (blas_threads_now() == 0) FLEXPAR_MACHINE_SKIP("the BLAS is not OpenBLAS");
   ASSERT_FALSE(config::environment_lookup("OPENBLAS_NUM_THREADS")) << "run with OPENBLAS_NUM_THREADS unset";
   config cfg = config::from_environment();
   for (int per_node : {0, 1}) {  // the detected node (every rank), then a node per rank
     cfg.ranks_per_node = per_node;
     const communicator comm = communicator::from_mpi(MPI_COMM_WORLD, cfg);
-    EXPECT_EQ(sbp::local::blas_threads_now(), std::max(1, affinity_cores() / comm.topology().local_size()))
+    EXPECT_EQ(blas_threads_now(), std::max(1, affinity_cores() / comm.topology().local_size()))
         << "ranks on my node: " << comm.topology().local_size() << ", cores: " << affinity_cores();
   }
 }
 
 TEST(blas_threads, a_number_sets_that_many_and_minus_one_leaves_them) {
-  if (sbp::local::blas_threads_now() == 0) FLEXPAR_MACHINE_SKIP("the BLAS is not OpenBLAS");
+  if (blas_threads_now() == 0) FLEXPAR_MACHINE_SKIP("the BLAS is not OpenBLAS");
   config cfg = config::from_environment();
   cfg.blas_threads = 3;
   { const communicator comm = communicator::from_mpi(MPI_COMM_WORLD, cfg); }
-  EXPECT_EQ(sbp::local::blas_threads_now(), 3);
+  EXPECT_EQ(blas_threads_now(), 3);
   cfg.blas_threads = -1;
   { const communicator comm = communicator::from_mpi(MPI_COMM_WORLD, cfg); }
-  EXPECT_EQ(sbp::local::blas_threads_now(), 3);
+  EXPECT_EQ(blas_threads_now(), 3);
 }
 
 TEST(blas_threads, a_threads_variable_in_the_environment_rules) {
@@ -56,12 +56,12 @@ TEST(blas_threads, a_threads_variable_in_the_environment_rules) {
     const auto lookup = [](std::string_view name) -> std::optional<std::string> {
       return name == only ? std::optional<std::string>("2") : std::nullopt;
     };
-    EXPECT_EQ(sbp::local::size_blas_threads(0, 1, lookup), 0) << set;
+    EXPECT_EQ(size_blas_threads(0, 1, lookup), 0) << set;
   }
   const auto none = [](std::string_view) -> std::optional<std::string> { return std::nullopt; };
-  if (sbp::local::blas_threads_now() != 0) {
-    EXPECT_EQ(sbp::local::size_blas_threads(0, 1 << 20, none), 1);  // at least one
-    EXPECT_EQ(sbp::local::blas_threads_now(), 1);
+  if (blas_threads_now() != 0) {
+    EXPECT_EQ(size_blas_threads(0, 1 << 20, none), 1);  // at least one
+    EXPECT_EQ(blas_threads_now(), 1);
   }
 }
 

@@ -5,21 +5,10 @@
 #pragma once
 
 #include <cstddef>
-#include <optional>
-#include <string>
-#include <string_view>
 
 #include <flexpar/core/dtype.hpp>
 
 namespace flexpar::sbp::local {
-
-/// The BLAS's threads for `cfg.blas_threads` (core/config.hpp) on a rank that shares its node with
-/// `ranks_on_node` ranks, given the environment `lookup` reads: the number set, or 0 when the BLAS is
-/// left alone (-1, a BLAS threads variable set, or a BLAS that is not OpenBLAS). Called by
-/// communicator::from_mpi.
-int size_blas_threads(int blas_threads, int ranks_on_node, std::optional<std::string> (*lookup)(std::string_view));
-/// The BLAS's threads now (OpenBLAS), or 0 where the BLAS does not say.
-int blas_threads_now();
 
 /// c[m x n] = a[m x k] * b[k x n], row-major, through the BLAS (cblas_sgemm).
 void gemm(std::size_t m, std::size_t n, std::size_t k, const float* a, const float* b, float* c);
