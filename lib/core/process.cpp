@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-namespace flexpar::detail {
+namespace flexpar {
 
 bool process_gone(std::int64_t pid) {
   if (pid <= 0) return false;
@@ -23,4 +23,4 @@ bool process_gone(std::int64_t pid) {
 
 std::int64_t my_pid() noexcept { return static_cast<std::int64_t>(::getpid()); }
 
-}  // namespace flexpar::detail
+}  // namespace flexpar

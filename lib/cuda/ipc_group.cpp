@@ -27,9 +27,9 @@
 namespace flexpar::cuda::detail {
 namespace {
 
-using flexpar::detail::process_gone;
-using flexpar::detail::shared_counter;
-using flexpar::detail::shared_memory_segment;
+using flexpar::process_gone;
+using flexpar::shared_counter;
+using flexpar::shared_memory_segment;
 
 /// Barrier events per rank. A rank re-records the event of barrier b at barrier b + event_ring; by
 /// then it has passed barrier b + event_ring - 1, so every peer has passed barrier b + 1 and has
@@ -369,9 +369,7 @@ std::unique_ptr<ipc_group> ipc_group::create(communicator& host, int device, con
   }
   flexpar::allreduce(host, std::span(&ok, 1), reduce_op::min);
   if (ok) {
-    flexpar::detail::collective_context& ctx = flexpar::detail::context_of(host);
-    s->segment =
-        shared_memory_segment::create(*ctx.channel, ctx.next_tag(), sizeof(rank_line) * p, host.default_deadline());
+    s->segment = make_shared_memory_segment(host, sizeof(rank_line) * p);
     ok = s->segment ? 1 : 0;  // create() agrees across the ranks
   }
   if (!ok) {

@@ -1,19 +1,18 @@
-// lib/cuda/search_execute.cpp — flexpar/cuda/search.hpp: the executor of lib/search/executor.hpp on
+// lib/cuda/search_execute.cpp — flexpar/cuda/search.hpp: the executor of flexpar/search/executor.hpp on
 // device shards.
 #include <flexpar/core/error.hpp>
 #include <flexpar/cuda/nn.hpp>
 #include <flexpar/cuda/sbp_dynamic.hpp>
 #include <flexpar/cuda/search.hpp>
+#include <flexpar/search/executor.hpp>
 
 #include <string>
-
-#include "../search/executor.hpp"
 
 namespace flexpar::cuda {
 namespace {
 
 using sbp::shape_t;
-using search::detail::op_step;
+using search::executor::op_step;
 
 /// The executor's local steps on device shards, on the placement's stream: cuBLAS for the transposed
 /// products, the kernels of flexpar/cuda/nn.hpp for the rest, every block from the placement's pool.
@@ -27,7 +26,7 @@ struct device_backend {
   /// a^T b or a b^T on the shards, cuBLAS transposing in place (no copies).
   [[nodiscard]] tensor product(const tensor& a, bool transpose_a, const tensor& b, bool transpose_b,
                                const char* what) const {
-    const search::detail::transposed_product p = search::detail::plan_product(
+    const search::executor::transposed_product p = search::executor::plan_product(
         a.layout(), a.shape(), a.my_box(), transpose_a, b.layout(), b.shape(), b.my_box(), transpose_b, what);
     if (!gpu.contains_me()) return tensor::adopt(gpu, {p.m, p.n}, p.out, {});
     device_shard<float> c = tensor::acquire(gpu, p.rows * p.cols);  // beta = 0 writes every element
@@ -87,9 +86,9 @@ search::execution_result execute_steps(const device_placement<1>& gpu, const sea
   if (!gpu.contains_me() || gpu.shape()[0] != comm.size())
     throw error_on<usage_error>(comm.rank(), "cuda::execute_steps", "the device placement ", gpu.describe(),
                                 " is not the 1-D mesh of all ", comm.size(), " ranks of its communicator");
-  const std::vector<op_step> plan = search::detail::plan_steps(g, s, comm.size());
+  const std::vector<op_step> plan = search::executor::plan_steps(g, s, comm.size());
   device_guard on(gpu.device());
-  return search::detail::run_steps(device_backend{gpu}, comm, g, s, plan, input, weights, lr, steps);
+  return search::executor::run_steps(device_backend{gpu}, comm, g, s, plan, input, weights, lr, steps);
 }
 
 }  // namespace flexpar::cuda

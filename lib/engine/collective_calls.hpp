@@ -47,11 +47,11 @@ inline std::string run_allreduce_pieces(communicator& comm, dtype type, std::spa
   if (a != algorithm::shared_memory) return {};
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
-    std::vector<allreduce_piece<T>> typed_pieces;
+    std::vector<flexpar::allreduce_piece<T>> typed_pieces;
     typed_pieces.reserve(pieces.size());
     for (const byte_piece& x : pieces)
       typed_pieces.push_back({reinterpret_cast<const T*>(x.in), reinterpret_cast<T*>(x.out), x.count});
-    allreduce_shared_memory_pieces(comm, std::span<const allreduce_piece<T>>(typed_pieces), op);
+    flexpar::allreduce_shared_memory_pieces(comm, std::span<const flexpar::allreduce_piece<T>>(typed_pieces), op);
   });
   return std::string(name_of(a));
 }

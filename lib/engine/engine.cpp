@@ -4,6 +4,7 @@
 // The protocol is described step by step in include/flexpar/engine/engine.hpp; the step numbers
 // below refer to it.
 #include <flexpar/collective/automatic.hpp>
+#include <flexpar/comm/thread_level.hpp>
 #include <flexpar/core/check_mpi.hpp>
 #include <flexpar/engine/engine.hpp>
 #include <flexpar/timeline.hpp>
@@ -21,7 +22,6 @@
 #include <thread>
 #include <unordered_map>
 
-#include "../comm/thread_level.hpp"
 #include "coordinator.hpp"
 #include "entry.hpp"
 #include "fused_executor.hpp"
@@ -550,7 +550,7 @@ engine::engine(communicator& comm, std::optional<config> cfg, log_sink log, devi
     throw error_on<usage_error>(comm.rank(), "engine",
                                 "made after MPI_Finalize shut its communicator down (destroy flexpar's objects before "
                                 "calling MPI_Finalize)");
-  detail::require_thread_multiple(comm, "engine", "its background thread", "use FLEXPAR_TRANSPORT=ucx");
+  require_thread_multiple(comm, "engine", "its background thread", "use FLEXPAR_TRANSPORT=ucx");
   core_ = std::make_unique<detail::engine_core>(comm, cfg ? *cfg : comm.settings(), std::move(log), device);
 }
 

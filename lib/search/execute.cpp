@@ -1,5 +1,5 @@
 // lib/search/execute.cpp — running a strategy through sbp::dynamic_tensor (header: flexpar/search/execute.hpp;
-// the steps themselves: lib/search/executor.hpp, shared with the device executor).
+// the steps themselves: flexpar/search/executor.hpp, shared with the device executor).
 #include <cblas.h>
 
 #include <flexpar/core/error.hpp>
@@ -8,11 +8,24 @@
 
 #include <algorithm>
 
-#include "executor.hpp"
+#include <flexpar/search/executor.hpp>
 
 namespace flexpar::search {
 
 namespace detail {
+
+std::string op_context(std::size_t i, const op& o) {
+  std::string s("search::execute_steps: op ");
+  s.append(std::to_string(i)).append(" '").append(o.name).append("': ");
+  return s;
+}
+
+}  // namespace detail
+
+namespace executor {
+
+using detail::op_context;
+
 namespace {
 
 std::size_t square_side(std::size_t n) {
@@ -29,12 +42,6 @@ nd_parallel transposed(nd_parallel s) {
 }
 
 }  // namespace
-
-std::string op_context(std::size_t i, const op& o) {
-  std::string s("search::execute_steps: op ");
-  s.append(std::to_string(i)).append(" '").append(o.name).append("': ");
-  return s;
-}
 
 std::vector<op_step> plan_steps(const graph& g, const strategy& s, int ranks) {
   if (s.size() != g.ops.size())
@@ -182,12 +189,12 @@ transposed_product plan_product(const nd_parallel& a, const shape_t& a_shape, co
   return p;
 }
 
-}  // namespace detail
+}  // namespace executor
 
 namespace {
 
-using detail::op_step;
-using detail::step_kind;
+using executor::op_step;
+using executor::step_kind;
 using sbp::shape_t;
 
 /// k x k max pooling of `planes` planes [h, w] -> [ph, pw] with stride `stride`: for each output the index
@@ -228,7 +235,7 @@ void pool_backward(const float* x, const float* dy, std::size_t planes, std::siz
   for (std::size_t k = 0; k < arg.size(); ++k) dx[(k / per) * h * w + arg[k]] += dy[k];
 }
 
-/// The executor's local steps on host shards (lib/search/executor.hpp): OpenBLAS for the transposed
+/// The executor's local steps on host shards (flexpar/search/executor.hpp): OpenBLAS for the transposed
 /// products, loops for the rest, every buffer from the mesh's pool.
 struct host_backend {
   using tensor = sbp::dynamic_tensor<float, 1>;
@@ -241,8 +248,8 @@ struct host_backend {
   [[nodiscard]] tensor product(const tensor& a, bool transpose_a, const tensor& b, bool transpose_b,
                                const char* what) const {
     const sbp::box ba = a.my_box(), bb = b.my_box();
-    const detail::transposed_product p =
-        detail::plan_product(a.layout(), a.shape(), ba, transpose_a, b.layout(), b.shape(), bb, transpose_b, what);
+    const executor::transposed_product p =
+        executor::plan_product(a.layout(), a.shape(), ba, transpose_a, b.layout(), b.shape(), bb, transpose_b, what);
     if (!mesh.contains_me()) return tensor::adopt(mesh, {p.m, p.n}, p.out, {});
     aligned_vector<float> c = mesh.pool().acquire<float>(p.rows * p.cols);  // from the pool: reused, not zeroed
     if (p.inner == 0) std::fill(c.begin(), c.end(), 0.0f);                  // an empty sum (beta = 0 writes the rest)
@@ -292,7 +299,7 @@ struct host_backend {
 
 bool executable(const graph& g, const strategy& s, int ranks) {
   try {
-    (void)detail::plan_steps(g, s, ranks);
+    (void)executor::plan_steps(g, s, ranks);
   } catch (const usage_error&) {
     return false;
   }
@@ -301,15 +308,15 @@ bool executable(const graph& g, const strategy& s, int ranks) {
 
 execution_result execute_steps(communicator& comm, const graph& g, const strategy& s, std::span<const float> input,
                                std::vector<std::vector<float>> weights, float lr, std::size_t steps) {
-  const std::vector<op_step> plan = detail::plan_steps(g, s, comm.size());
+  const std::vector<op_step> plan = executor::plan_steps(g, s, comm.size());
   const sbp::placement<1> mesh(comm, {comm.size()});
-  return detail::run_steps(host_backend{mesh}, comm, g, s, plan, input, weights, lr, steps);
+  return executor::run_steps(host_backend{mesh}, comm, g, s, plan, input, weights, lr, steps);
 }
 
 execution_result execute_serial(const graph& g, std::span<const float> input, std::vector<std::vector<float>> weights,
                                 float lr) {
   const strategy one_device(g.ops.size(), soap_config{});
-  const std::vector<op_step> plan = detail::plan_steps(g, one_device, 1);
+  const std::vector<op_step> plan = executor::plan_steps(g, one_device, 1);
   const std::size_t n = g.ops.size(), batch = g.ops.front().batch;
   std::vector<std::vector<float>> acts{std::vector<float>(input.begin(), input.end())};  // acts[i]: input of op i
   // direct loops (no im2col, no BLAS): the oracle of the distributed run

@@ -11,13 +11,13 @@
 #include <unordered_map>
 #include <utility>
 
+#include <flexpar/comm/thread_level.hpp>
 #include <flexpar/compress/minmax_uint8.hpp>
 #include <flexpar/core/error.hpp>
-#include <flexpar/relax/flat_model.hpp>
+#include <flexpar/core/hash.hpp>
 #include <flexpar/sbp/boxing.hpp>
 #include <flexpar/sbp/global_tensor.hpp>
 
-#include "../comm/thread_level.hpp"
 #include "comm_queue.hpp"
 
 namespace flexpar::zero {
@@ -39,8 +39,6 @@ struct annotations<2> {
   using full = sbp::sbp<sbp::broadcast, sbp::broadcast>;
   using gradient = sbp::sbp<sbp::partial_sum, sbp::partial_sum>;
 };
-
-using relax::detail::fnv1a;
 
 /// Hashes std::string and std::string_view alike: names are looked up without a copy.
 struct name_hash {
@@ -136,9 +134,8 @@ struct sharded_data_parallel<MeshRank>::state {
       throw fail("the mesh ", ranks.describe(), " holds ", ranks.ranks().size(), " of the parent's ", parent.size(),
                  " ranks; every rank of the parent communicator must be in it");
     if (o.overlap)
-      flexpar::detail::require_thread_multiple(
-          parent, on_rank(me, "zero::sharded_data_parallel").append("options::overlap"), "its communication thread",
-          "set overlap = false, or use FLEXPAR_TRANSPORT=ucx");
+      flexpar::require_thread_multiple(parent, on_rank(me, "zero::sharded_data_parallel").append("options::overlap"),
+                                       "its communication thread", "set overlap = false, or use FLEXPAR_TRANSPORT=ucx");
     const auto mine = std::find(ranks.ranks().begin(), ranks.ranks().end(), me) - ranks.ranks().begin();
     std::optional<communicator> split = parent.split(0, static_cast<int>(mine));
     return std::make_unique<communicator>(std::move(*split));
@@ -565,7 +562,7 @@ struct sharded_data_parallel<MeshRank>::state {
       return shard_tensor::adopt(mesh, {n}, std::move(local));
   }
 
-  bool step(relax::optimizer& opt) {
+  bool step(optimizer& opt) {
     if (!started) throw usage_error(at("step") + "called before start()");
     for (std::size_t k = 0; k < buckets.size(); ++k)
       if (buckets[k].views > 0)
@@ -591,7 +588,7 @@ struct sharded_data_parallel<MeshRank>::state {
       std::span<float> w = b.shard->to_local();
       opt.apply(k, w, b.gradient_shard);
       b.gradient_written = false;
-      for (const relax::optimizer_state& s : opt.state(k, w.size())) {
+      for (const optimizer_state& s : opt.state(k, w.size())) {
         state_bytes += s.floats.size_bytes() + s.counters.size_bytes();
         full_state_bytes += (s.counters.empty() ? b.elements * sizeof(float) : 0) + s.counters.size_bytes();
       }
@@ -634,13 +631,12 @@ struct sharded_data_parallel<MeshRank>::state {
     return out;
   }
 
-  std::vector<std::pair<std::string, std::vector<float>>> full_optimizer_state(relax::optimizer& opt,
-                                                                               std::string_view name) {
+  std::vector<std::pair<std::string, std::vector<float>>> full_optimizer_state(optimizer& opt, std::string_view name) {
     member& m = find("full_optimizer_state", name);
     const std::size_t k = m.bucket;
     bucket& b = buckets[k];
     std::vector<std::pair<std::string, std::vector<float>>> out;
-    for (const relax::optimizer_state& s : opt.state(k, shard_elements(b))) {
+    for (const optimizer_state& s : opt.state(k, shard_elements(b))) {
       if (!s.counters.empty()) continue;  // a counter (Adam's t) is per bucket, not per value
       std::optional<full_tensor> full;
       queue.wait(queue.submit([&] {
@@ -740,7 +736,7 @@ void sharded_data_parallel<MeshRank>::gradient_ready(std::string_view name) {
 }
 
 template <std::size_t MeshRank>
-bool sharded_data_parallel<MeshRank>::step(relax::optimizer& opt) {
+bool sharded_data_parallel<MeshRank>::step(optimizer& opt) {
   return s_->step(opt);
 }
 
@@ -751,7 +747,7 @@ std::vector<std::pair<std::string, std::vector<float>>> sharded_data_parallel<Me
 
 template <std::size_t MeshRank>
 std::vector<std::pair<std::string, std::vector<float>>> sharded_data_parallel<MeshRank>::full_optimizer_state(
-    relax::optimizer& opt, std::string_view name) {
+    optimizer& opt, std::string_view name) {
   return s_->full_optimizer_state(opt, name);
 }
 

@@ -427,7 +427,7 @@ TEST_P(inproc_collectives, allreduce_of_pieces_is_the_allreduce_of_their_concate
             const std::vector<float> input = make_input<float>(op, comm.rank(), total);
             const std::vector<std::size_t> lengths = cuts(comm.rank(), total);
             std::vector<std::vector<float>> ins, outs;
-            std::vector<detail::allreduce_piece<float>> pieces;
+            std::vector<allreduce_piece<float>> pieces;
             std::size_t at = 0;
             for (std::size_t k = 0; k < lengths.size(); ++k) {
               ins.emplace_back(input.begin() + static_cast<std::ptrdiff_t>(at),
@@ -439,7 +439,7 @@ TEST_P(inproc_collectives, allreduce_of_pieces_is_the_allreduce_of_their_concate
               const bool in_place = k % 2 == 0;
               pieces.push_back({ins[k].data(), in_place ? ins[k].data() : outs[k].data(), lengths[k]});
             }
-            detail::allreduce_shared_memory_pieces(comm, std::span<const detail::allreduce_piece<float>>(pieces), op);
+            allreduce_shared_memory_pieces(comm, std::span<const allreduce_piece<float>>(pieces), op);
             std::vector<float> got;
             for (std::size_t k = 0; k < lengths.size(); ++k) {
               const std::vector<float>& result = k % 2 == 0 ? ins[k] : outs[k];
@@ -462,14 +462,13 @@ TEST_P(inproc_collectives, allreduce_of_pieces_is_the_allreduce_of_their_concate
           const auto r = static_cast<std::size_t>(comm.rank());
           allreduce(comm, std::span(contiguous[r]), reduce_op::sum, algorithm::shared_memory);
           pieced[r].assign(total, 0.0f);
-          std::vector<detail::allreduce_piece<float>> pieces;
+          std::vector<allreduce_piece<float>> pieces;
           std::size_t at = 0;
           for (std::size_t n : cuts(comm.rank(), total)) {
             pieces.push_back({inputs[r].data() + at, pieced[r].data() + at, n});
             at += n;
           }
-          detail::allreduce_shared_memory_pieces(comm, std::span<const detail::allreduce_piece<float>>(pieces),
-                                                 reduce_op::sum);
+          allreduce_shared_memory_pieces(comm, std::span<const allreduce_piece<float>>(pieces), reduce_op::sum);
         },
         test_config());
     for (int r = 0; r < p; ++r)

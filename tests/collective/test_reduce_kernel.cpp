@@ -95,7 +95,7 @@ TEST(reduce_kernel, the_avx2_loops_give_the_bits_of_the_baseline_loops) {
   // subnormals mixed in (where min and max must keep the scalar loop's operand order), in both forms,
   // at every length up to 70 (two vectors of int8 and a tail) and some longer, on arrays one element
   // off their alignment.
-  if (!detail::cpu_has_avx2()) FLEXPAR_MACHINE_SKIP("this CPU does not run AVX2");
+  if (!cpu_has_avx2()) FLEXPAR_MACHINE_SKIP("this CPU does not run AVX2");
   std::mt19937_64 rng(20261123);
   for_each_dtype([&](auto zero) {
     using T = decltype(zero);

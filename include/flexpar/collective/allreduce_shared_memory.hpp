@@ -263,14 +263,18 @@ void wait_for_peers(const communicator& comm, Counter&& counter_of, std::uint64_
   }
 }
 
-/// One tensor of a grouped allreduce: `count` elements read from `in` and the result written to `out`
-/// (the same address for in place; otherwise the two do not overlap).
+}  // namespace detail
+
+/// One tensor of a grouped allreduce (allreduce_shared_memory_pieces): `count` elements read from `in`
+/// and the result written to `out` (the same address for in place; otherwise the two do not overlap).
 template <element T>
 struct allreduce_piece {
-  const T* in;
-  T* out;
-  std::size_t count;
+  const T* in;        ///< `count` elements read
+  T* out;             ///< `count` elements written (may be `in`)
+  std::size_t count;  ///< elements of this tensor
 };
+
+namespace detail {
 
 /// An allreduce's buffer as the algorithm sees it: `size()` elements, and for a range of them
 /// for_each(lo, len, f) calls f(in, out, n, offset) once per stretch that lies in one piece of memory
@@ -443,10 +447,15 @@ void allreduce_shared_memory(communicator& comm, std::span<T> data, reduce_op op
   allreduce_shared_memory_rounds<T>(comm, contiguous_buffer<T>{data}, op);
 }
 
-/// allreduce(shared_memory) of several tensors as one call, each read from its `in` and written to
-/// its `out` with no fusion buffer: the result is the one allreduce of their concatenation gives
-/// (bitwise), avg included, and the call agrees with the other ranks by the concatenation's count.
-/// Every rank passes pieces whose counts add up to the same total; how they are cut may differ.
+}  // namespace detail
+
+/// Collective: allreduce(shared_memory) of several tensors as one call, each read from its `in` and
+/// written to its `out` with no fusion buffer (the engine's fused allreduce when `automatic` picks
+/// shared_memory): the result is the one allreduce of their concatenation gives (bitwise), avg
+/// included, and the call agrees with the other ranks by the concatenation's count.
+/// @pre every rank passes pieces whose counts add up to the same total; how they are cut may differ.
+/// @throws usage_error when `comm` spans more than one node or a rank could not map the segment;
+///         mismatch_error when the ranks' totals, dtypes or ops differ; timeout_error at the deadline.
 template <element T>
 void allreduce_shared_memory_pieces(communicator& comm, std::span<const allreduce_piece<T>> pieces, reduce_op op) {
   if (comm.size() == 1) {
@@ -454,10 +463,9 @@ void allreduce_shared_memory_pieces(communicator& comm, std::span<const allreduc
       if (x.count != 0 && x.in != x.out) std::memcpy(x.out, x.in, x.count * sizeof(T));
     return;
   }
-  allreduce_shared_memory_rounds<T>(comm, piecewise_buffer<T>(pieces), op);
+  detail::allreduce_shared_memory_rounds<T>(comm, detail::piecewise_buffer<T>(pieces), op);
   if (op == reduce_op::avg)
     for (const allreduce_piece<T>& x : pieces) scale_for_average(std::span<T>(x.out, x.count), comm.size());
 }
 
-}  // namespace detail
 }  // namespace flexpar

@@ -166,15 +166,21 @@ std::unique_ptr<T[]> scratch(std::size_t n) {
   return std::make_unique_for_overwrite<T[]>(n);
 }
 
-/// The common preamble of a collective call: its channel, tag and deadline. Its receives are exact
-/// (transport::irecv_exact): both sides of every message compute its size, so a message of another
-/// size is a mismatch_error on the receiving rank, never a partial result.
-struct call {
-  flexpar::transport& t;
-  tag_t tag;
-  deadline until;
-  int rank;
-  int size;
+}  // namespace detail
+
+/// One collective call on a communicator: the collectives' private channel (never matched by the
+/// user's point-to-point traffic), this call's tag from the communicator's collective sequence, its
+/// deadline, rank and size. A layer that writes an exchange of its own out of point-to-point messages
+/// (relax::compressed_average's pieces) takes one with begin_collective_call, so that its messages
+/// keep to the collectives' tag order. Its receives are exact (transport::irecv_exact): both sides of
+/// every message compute its size, so a message of another size is a mismatch_error on the receiving
+/// rank, never a partial result.
+struct collective_call {
+  flexpar::transport& t;      ///< the collectives' private channel of the communicator
+  tag_t tag;                  ///< this call's one tag on it
+  deadline until;             ///< the communicator's default deadline, from the call's start
+  int rank;                   ///< my rank in the communicator
+  int size;                   ///< its size
   bool across_nodes = false;  ///< the communicator spans more than one node
 
   /// Starts receiving exactly data.size() bytes from `peer` under the call's tag.
@@ -183,11 +189,38 @@ struct call {
   void recv(int peer, std::span<std::byte> data) const { t.recv_exact(peer, tag, data, until); }
 };
 
+namespace detail {
+
+using call = collective_call;
+
 inline call begin_call(communicator& comm) {
   collective_context& ctx = context_of(comm);
   return call{*ctx.channel, ctx.next_tag(), comm.default_deadline(),
               comm.rank(),  comm.size(),    comm.topology().node_count() > 1};
 }
+
+}  // namespace detail
+
+/// Collective (every rank of `comm` calls it in the same order as its other collectives): starts one
+/// collective call of the caller's own making on `comm` (see collective_call). The first collective on
+/// a communicator makes its private channel.
+/// @throws timeout_error when a rank does not come to that first call; usage_error after MPI_Finalize
+///         shut `comm` down, or when an earlier collective left `comm`'s collectives out of step.
+[[nodiscard]] inline collective_call begin_collective_call(communicator& comm) { return detail::begin_call(comm); }
+
+/// Collective: a shared-memory segment of `bytes` mapped by every rank of `comm` (one node), made under
+/// the next tag of `comm`'s collective channel (so that it never races a collective's own segment), or
+/// nullptr on every rank when some rank could not map it (create() agrees across the ranks). For a
+/// layer that keeps flags or staging of its own in shared memory (the CUDA IPC group's rank lines).
+/// @throws timeout_error when a rank does not come by `comm`'s deadline; usage_error as
+///         begin_collective_call.
+[[nodiscard]] inline std::unique_ptr<shared_memory_segment> make_shared_memory_segment(communicator& comm,
+                                                                                       std::size_t bytes) {
+  detail::collective_context& ctx = detail::context_of(comm);
+  return shared_memory_segment::create(*ctx.channel, ctx.next_tag(), bytes, comm.default_deadline());
+}
+
+namespace detail {
 
 /// Messages from this size on go by rendezvous in MPICH and UCX (a request-to-send, then the data).
 inline constexpr std::size_t rendezvous_bytes = std::size_t{64} << 10;

@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 
+#include <flexpar/core/cpu_features.hpp>
 #include <flexpar/core/dtype.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/core/reduce_op.hpp>
@@ -103,11 +104,6 @@ template <element T, class Op>
 }
 
 #if defined(__x86_64__)
-inline bool cpu_has_avx2() noexcept {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
-
 // The same two loops built for AVX2 (the library targets baseline x86-64, 16-byte vectors): the
 // compiler vectorizes them 32 bytes wide. The same operation on each element, so the same bits; only
 // a sum or product of two NaNs may return the other NaN (the compiler may swap the operands of a

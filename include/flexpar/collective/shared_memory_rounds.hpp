@@ -154,7 +154,7 @@ template <class Fill, class Drain>
 void shared_memory_rounds(communicator& comm, std::uint64_t rounds, const char* op, Fill&& fill, Drain&& drain,
                           const call_facts& facts = {}) {
   const int p = comm.size(), me = comm.rank();
-  detail::shared_memory_segment* segment = detail::shared_memory_of(comm);
+  shared_memory_segment* segment = detail::shared_memory_of(comm);
   if (segment == nullptr)
     throw error_on<usage_error>(me, op,
                                 "the communicator has no shared-memory segment (a rank could not map it); check "

@@ -34,16 +34,19 @@
 #include <flexpar/transport/liveness.hpp>
 #include <flexpar/transport/transport.hpp>
 
-namespace flexpar::detail {
+namespace flexpar {
 
-/// A mapping of a shared-memory segment; unmapped on destruction.
+/// A mapping of a shared-memory segment; unmapped on destruction. Made by create() (below), or on a
+/// communicator by make_shared_memory_segment (collective/context.hpp).
 class shared_memory_segment {
  public:
   shared_memory_segment(const shared_memory_segment&) = delete;
   shared_memory_segment& operator=(const shared_memory_segment&) = delete;
   ~shared_memory_segment() { ::munmap(base_, bytes_); }
 
+  /// The first byte of the mapping (the same segment at another address on each rank).
   [[nodiscard]] std::byte* data() const noexcept { return static_cast<std::byte*>(base_); }
+  /// Bytes mapped.
   [[nodiscard]] std::size_t size() const noexcept { return bytes_; }
 
   /// Collective over `t` (steps above): a segment of `bytes` bytes mapped by every rank, zero-filled,
@@ -141,15 +144,19 @@ class shared_counter {
   /// How often a sleeping waiter asks whether the owner's process still runs.
   static constexpr std::chrono::milliseconds shm_liveness_check{100};
 
+  /// A counter at `word` of a segment, with the word its sleeping waiters announce themselves in and,
+  /// when known, the word holding the pid of the process that advances it.
   shared_counter(std::uint32_t* word, std::uint32_t* waiters, std::uint32_t* owner = nullptr) noexcept
       : word_(word), waiters_(waiters), owner_(owner) {}
 
+  /// Sets the counter to `value` (modulo 2^32) and wakes its sleeping waiters.
   void publish(std::uint64_t value) noexcept {
     std::atomic_ref<std::uint32_t>(*word_).store(static_cast<std::uint32_t>(value), std::memory_order_seq_cst);
     if (std::atomic_ref<std::uint32_t>(*waiters_).load(std::memory_order_seq_cst) != 0)
       ::syscall(SYS_futex, word_, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
   }
 
+  /// Whether the counter has reached `target` now (modulo 2^32).
   [[nodiscard]] bool reached(std::uint64_t target) const noexcept { return reached(load(), target); }
 
   /// Blocks until the counter reaches `target`; timeout_error with describe()'s text at `until`;
@@ -210,4 +217,4 @@ class shared_counter {
   std::uint32_t* owner_;  // read only (atomic_ref needs a non-const object)
 };
 
-}  // namespace flexpar::detail
+}  // namespace flexpar

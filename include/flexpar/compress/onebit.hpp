@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include <flexpar/collective/reduce_kernel.hpp>  // cpu_has_avx2
+#include <flexpar/core/cpu_features.hpp>
 #include <flexpar/core/error.hpp>
 
 namespace flexpar::compress {
@@ -139,7 +139,7 @@ class onebit {
   static void send_signs(float* v, std::size_t n, float scale, std::uint8_t* bits) noexcept {
     std::size_t done = 0;
 #if defined(__x86_64__)
-    if (flexpar::detail::cpu_has_avx2()) done = send_signs_avx2(v, n / 8, scale, bits);
+    if (flexpar::cpu_has_avx2()) done = send_signs_avx2(v, n / 8, scale, bits);
 #endif
     for (std::size_t b = done / 8; b < (n + 7) / 8; ++b) {
       unsigned byte = 0;

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace flexpar::detail {
+namespace flexpar {
 
 /// True when no live process `pid` runs on this node: it does not exist, or it is a zombie (it
 /// exited and its parent, the launcher, has not collected it yet). False for pid <= 0 (unknown).
@@ -14,4 +14,4 @@ namespace flexpar::detail {
 /// This process's pid.
 [[nodiscard]] std::int64_t my_pid() noexcept;
 
-}  // namespace flexpar::detail
+}  // namespace flexpar

@@ -217,8 +217,8 @@ std::uint64_t compressed_average_streamed(communicator& comm, std::span<float> d
   auto bytes = [](std::vector<std::uint8_t>& v, std::size_t at, std::size_t len) {
     return std::as_writable_bytes(std::span<std::uint8_t>(v).subspan(at, len));
   };
-  const flexpar::detail::call to_owners = flexpar::detail::begin_call(comm);  // steps 1-2
-  const flexpar::detail::call to_all = flexpar::detail::begin_call(comm);     // step 5
+  const collective_call to_owners = begin_collective_call(comm);  // steps 1-2
+  const collective_call to_all = begin_collective_call(comm);     // step 5
   std::vector<request> from_ranks(pieces * pp), reduced(pieces * pp), sent;
   for (std::size_t k = 0; k < pieces; ++k)
     for (std::size_t i = 0; i < pp; ++i) {
@@ -229,7 +229,7 @@ std::uint64_t compressed_average_streamed(communicator& comm, std::span<float> d
         reduced[k * pp + i] = to_all.irecv(static_cast<int>(i), bytes(s.gathered, placed.displs[i] + x.at, x.len));
     }
   std::uint64_t sent_bytes = 0;
-  auto send = [&](const flexpar::detail::call& c, int to, std::span<std::byte> what) {
+  auto send = [&](const collective_call& c, int to, std::span<std::byte> what) {
     sent.push_back(c.t.isend(to, c.tag, what));
     sent_bytes += what.size();
   };

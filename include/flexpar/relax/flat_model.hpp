@@ -19,6 +19,7 @@
 #include <flexpar/collective.hpp>
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/error.hpp>
+#include <flexpar/core/hash.hpp>
 #include <flexpar/relax/relaxation.hpp>
 
 namespace flexpar::relax::detail {
@@ -26,15 +27,6 @@ namespace flexpar::relax::detail {
 /// "[rank 2] relax::bytegrad step: ": on_rank with the relaxation and its method as the operation.
 inline std::string where(int rank, std::string_view algo, std::string_view op) {
   return on_rank(rank, std::string("relax::").append(algo).append(" ").append(op));
-}
-
-/// FNV-1a, 64 bits, continued from `h`.
-inline std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 14695981039346656037ull) {
-  for (char c : bytes) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 /// The parameter list of one relaxation as one flat f32 buffer (see the file header).

@@ -25,6 +25,8 @@
 #include <string_view>
 #include <vector>
 
+#include <flexpar/core/optimizer.hpp>
+
 namespace flexpar {
 class communicator;
 }
@@ -40,32 +42,9 @@ struct parameter {
   std::span<float> gradient;
 };
 
-/// One named piece of an optimizer's state for one parameter, as a checkpoint saves and loads it:
-/// floats (a momentum buffer, a moment) or counters (Adam's step count). The spans point into the
-/// optimizer and stay valid until it is destroyed.
-struct optimizer_state {
-  std::string name;                  ///< "momentum", "m", "v", "t": unique per optimizer
-  std::span<float> floats;           ///< one per weight, or empty
-  std::span<std::int64_t> counters;  ///< a count, or empty
-};
-
-/// A local optimizer rule applied to one parameter (index = its position in the list, for state).
-class optimizer {
- public:
-  virtual ~optimizer() = default;
-  /// weight -= f(gradient) for parameter `index` (the optimizer keeps per-index state).
-  virtual void apply(std::size_t index, std::span<float> weight, std::span<const float> gradient) = 0;
-  /// The state of parameter `index`, of `n` weights, made (zero, as before its first apply()) when
-  /// it does not exist yet, so that a fresh optimizer can be loaded into: writing these values into
-  /// another optimizer of the same settings makes its next apply() do what this one's would.
-  /// Empty for a rule without state (the default).
-  /// @throws usage_error when the state of `index` exists with another length than `n`.
-  virtual std::vector<optimizer_state> state(std::size_t index, std::size_t n) {
-    (void)index;
-    (void)n;
-    return {};
-  }
-};
+/// The optimizer interface every relaxation applies (flexpar/core/optimizer.hpp), by its names here.
+using flexpar::optimizer;
+using flexpar::optimizer_state;
 
 /// What a relaxation has done so far on this rank (for benchmarks and the training sample).
 struct traffic {

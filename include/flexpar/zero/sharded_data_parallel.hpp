@@ -55,7 +55,7 @@
 #include <string_view>
 #include <vector>
 
-#include <flexpar/relax/relaxation.hpp>
+#include <flexpar/core/optimizer.hpp>
 #include <flexpar/sbp/placement.hpp>
 
 namespace flexpar::zero {
@@ -177,14 +177,15 @@ class sharded_data_parallel {
   /// Ends a backward pass. On the last pass of a step: reduces the buckets whose gradients were not
   /// all marked ready (every rank reduces every bucket), waits for the reductions, scales them, applies
   /// `opt` to each bucket's shard (bucket index = the optimizer's parameter index), starts the gathers
-  /// of the new parameters (stages 1/2) and returns true. On the other passes returns false.
-  bool step(relax::optimizer& opt);
+  /// of the new parameters (stages 1/2) and returns true. On the other passes returns false. `opt` is
+  /// any flexpar::optimizer (core/optimizer.hpp), e.g. relax::sgd or relax::adam.
+  bool step(optimizer& opt);
 
   /// Collective in order: the full values of every parameter, by name (stage 3 gathers each bucket).
   [[nodiscard]] std::vector<std::pair<std::string, std::vector<float>>> full_parameters();
   /// Collective in order: the full values of `opt`'s state (e.g. Adam's "m" and "v") of parameter
   /// `name`, gathered from the shards: {state name, values}. Counters (Adam's "t") are per bucket.
-  [[nodiscard]] std::vector<std::pair<std::string, std::vector<float>>> full_optimizer_state(relax::optimizer& opt,
+  [[nodiscard]] std::vector<std::pair<std::string, std::vector<float>>> full_optimizer_state(optimizer& opt,
                                                                                              std::string_view name);
 
   /// The names of the parameters of bucket `b`, and the number of buckets (after start()).

@@ -31,7 +31,6 @@
 // Liveness (transport/liveness.hpp): a request that has not completed asks the transport's view on
 // every poll whether a rank it depends on has failed, and throws peer_failure naming it; its
 // settling on destruction stops waiting then too (the failed peer will never take or give its bytes).
-#include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/check_mpi.hpp>
 #include <flexpar/core/mpi_comm.hpp>
 #include <flexpar/transport/liveness.hpp>

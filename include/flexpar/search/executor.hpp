@@ -1,8 +1,9 @@
-// lib/search/executor.hpp — the executor of flexpar/search/execute.hpp, generic over where the shards
-// live: its plan of a graph (plan_steps, lib/search/execute.cpp) and the training steps (run_steps) over a
-// backend that holds the placement and computes the local steps that differ between memories — the host's
-// in lib/search/execute.cpp, the device's in lib/cuda/search_execute.cpp (flexpar/cuda/search.hpp).
-// Private to libflexpar and libflexpar_cuda.
+// flexpar/search/executor.hpp — the executor of flexpar/search/execute.hpp, generic over where the
+// shards live: its plan of a graph (plan_steps, lib/search/execute.cpp) and the training steps
+// (run_steps) over a backend that holds the placement and computes the local steps that differ between
+// memories — the host's in lib/search/execute.cpp, the device's in lib/cuda/search_execute.cpp
+// (flexpar/cuda/search.hpp). The search layer's interface for a memory backend: what a new memory kind
+// implements to run found strategies; a caller who only runs strategies uses execute.hpp instead.
 //
 // A backend has: `tensor` (a dynamic_tensor<float, 1, Memory>), from_full(shape, sbp, data),
 // product(a, transpose_a, b, transpose_b, what) (a^T b or a b^T on the shards, the SBPs of
@@ -28,20 +29,29 @@
 
 namespace flexpar::search::detail {
 
+/// "search::execute_steps: op i 'name': ", the start of every error about op i.
+std::string op_context(std::size_t i, const op& o);
+
+}  // namespace flexpar::search::detail
+
+namespace flexpar::search::executor {
+
 using sbp::nd_parallel;
 using sbp::parallel;
 using sbp::shape_t;
 
-/// "search::execute_steps: op i 'name': ", the start of every error about op i.
-std::string op_context(std::size_t i, const op& o);
-
 /// What the executor runs for one op.
-enum class step_kind : unsigned char { linear, conv2d, relu, max_pool };
+enum class step_kind : unsigned char {
+  linear,   ///< y = x w (matmul on the SBP signature)
+  conv2d,   ///< 'same' convolution, im2col + GEMM
+  relu,     ///< max(x, 0), on the backend
+  max_pool  ///< k x k windows, on the backend
+};
 
 /// One op as the executor runs it: tensor shapes (activations [N, C] or [N, C, H, W]) and geometry.
 struct op_step {
-  step_kind kind = step_kind::linear;
-  shape_t produced;        ///< the producer's output (or the data) as held
+  step_kind kind = step_kind::linear;  ///< what runs
+  shape_t produced;                    ///< the producer's output (or the data) as held
   shape_t in;              ///< what the op reads: `produced`, or it flattened to [N, C*H*W] (a linear after maps)
   shape_t out;             ///< what it writes
   shape_t weight;          ///< linear [in, out], conv2d [K, C, k, k]; empty: no weight
@@ -55,7 +65,7 @@ struct op_step {
 std::vector<op_step> plan_steps(const graph& g, const strategy& s, int ranks);
 
 /// The gradient layout of a tensor laid out as `s`: P(sum) -> B, the rest unchanged.
-inline nd_parallel gradient_of(nd_parallel s) {
+[[nodiscard]] inline nd_parallel gradient_of(nd_parallel s) {
   for (std::size_t d = 0; d < s.rank; ++d)
     if (s[d].is_partial()) s[d] = parallel::B();
   return s;
@@ -64,9 +74,12 @@ inline nd_parallel gradient_of(nd_parallel s) {
 /// The product a^T b or a b^T of the executor's backward pass, planned: its logical shape [m, n], its
 /// SBP, and the local GEMM's extents on this rank (op(a) is rows x inner, op(b) inner x cols).
 struct transposed_product {
-  std::size_t m = 0, n = 0;                   ///< the logical product [m, n]
-  nd_parallel out;                            ///< its SBP (the matmul table's)
-  std::size_t rows = 0, inner = 0, cols = 0;  ///< my shards' GEMM
+  std::size_t m = 0;      ///< the logical product's rows
+  std::size_t n = 0;      ///< its columns
+  nd_parallel out;        ///< its SBP (the matmul table's)
+  std::size_t rows = 0;   ///< my shards' GEMM: rows of op(a) and of the result
+  std::size_t inner = 0;  ///< columns of op(a), rows of op(b)
+  std::size_t cols = 0;   ///< columns of op(b) and of the result
 };
 
 /// Plans a^T b (transpose_a) or a b^T (transpose_b) on shards `a_box` and `b_box` of tensors laid out
@@ -77,7 +90,8 @@ transposed_product plan_product(const nd_parallel& a, const shape_t& a_shape, co
                                 const char* what);
 
 /// The same logical tensor with another shape that keeps axis 0 (the flatten [N, C, H, W] <-> [N, C*H*W]):
-/// free for S(0), B and P; a split of another axis is boxed to S(0) first (an all-to-all).
+/// free for S(0), B and P; a split of another axis is boxed to S(0) first (an all-to-all). Collective
+/// over the tensor's placement when it boxes.
 template <class Tensor>
 Tensor reshaped(Tensor t, const shape_t& shape) {
   nd_parallel l = t.layout();
@@ -88,8 +102,10 @@ Tensor reshaped(Tensor t, const shape_t& shape) {
   return Tensor::adopt(where, shape, l, std::move(t).release());  // the same shard, no copy
 }
 
-/// `steps` training steps of `g` under `s` (planned as `plan`) on `comm`, every tensor of the backend's
-/// memory (the header comment of flexpar/search/execute.hpp says what each op does).
+/// Collective over `comm`: `steps` training steps of `g` under `s` (planned as `plan`), every tensor of
+/// the backend's memory (the header comment of flexpar/search/execute.hpp says what each op does).
+/// @throws usage_error naming the op when a step produces another SBP than its signature says; what
+///         the boxings and the backend throw.
 template <class Backend>
 execution_result run_steps(const Backend& be, communicator& comm, const graph& g, const strategy& s,
                            const std::vector<op_step>& plan, std::span<const float> input,
@@ -103,7 +119,7 @@ execution_result run_steps(const Backend& be, communicator& comm, const graph& g
     if (!plan[i].weight.empty()) w[i] = be.from_full(plan[i].weight, sig[i].weight, weights.at(i));
   auto expect_layout = [&](std::size_t i, const tensor& t, const char* what) {
     if (!(t.layout() == sig[i].output))
-      throw usage_error(op_context(i, g.ops[i])
+      throw usage_error(detail::op_context(i, g.ops[i])
                             .append(what)
                             .append(" produced ")
                             .append(sbp::to_string(t.layout()))
@@ -172,4 +188,4 @@ execution_result run_steps(const Backend& be, communicator& comm, const graph& g
   return result;
 }
 
-}  // namespace flexpar::search::detail
+}  // namespace flexpar::search::executor
