@@ -24,6 +24,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <flexpar/core/cpu_features.hpp>
 #include <flexpar/core/error.hpp>
 
