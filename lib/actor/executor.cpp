@@ -7,7 +7,7 @@
 namespace flexpar {
 
 actor_executor::actor_executor(std::size_t threads, bool caller_fires) : caller_fires_(caller_fires) {
-  if (threads == 0) throw usage_error("actor_executor: a pool needs at least one worker thread");
+  if (threads == 0) throw error_on<usage_error>(no_rank, "actor_executor", "a pool needs at least one worker thread");
   workers_.reserve(threads);
   for (std::size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
@@ -42,7 +42,8 @@ void actor_executor::run(actor_graph& g, deadline until) {
   detail::graph_core& core = g.core();
   {
     std::lock_guard lock(mutex_);
-    if (job_ != nullptr) throw usage_error("actor_executor::run: this pool is already running a graph");
+    if (job_ != nullptr)
+      throw error_on<usage_error>(no_rank, "actor_executor::run", "this pool is already running a graph");
   }
   core.caller_fires = caller_fires_ && core.has_remote();
   try {

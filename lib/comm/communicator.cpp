@@ -200,7 +200,7 @@ std::size_t last_level_cache_bytes(const std::filesystem::path& cache_dir) {
 communicator::communicator(std::unique_ptr<flexpar::transport> t, node_topology topology, config cfg,
                            detail::owned_mpi_comm mpi)
     : transport_(std::move(t)), topology_(std::move(topology)), config_(std::move(cfg)), mpi_(std::move(mpi)) {
-  if (!transport_) throw usage_error("communicator: the transport is null");
+  if (!transport_) throw error_on<usage_error>(no_rank, "communicator", "the transport is null");
   if (!config_.source_in_memory_min_bytes)  // the last-level cache's share of each rank of my node
     config_.source_in_memory_min_bytes =
         cache_share(last_level_cache_bytes(), topology_.local_size(), config_.streaming_min_bytes);

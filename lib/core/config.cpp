@@ -23,7 +23,7 @@ std::string_view name_of(transport_kind kind) noexcept {
 namespace {
 
 [[noreturn]] void bad_value(std::string_view variable, const std::string& value, std::string_view expected) {
-  throw usage_error(std::string(variable) + "=\"" + value + "\" is not valid: expected " + std::string(expected));
+  throw error_on<usage_error>(no_rank, "", variable, "=\"", value, "\" is not valid: expected ", expected);
 }
 
 double parse_number(std::string_view variable, const std::string& value, double min, std::string_view expected) {

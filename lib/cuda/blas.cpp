@@ -13,8 +13,8 @@ namespace {
 
 [[noreturn]] void throw_cublas(cublasStatus_t code, const char* call) {
   throw transport_error("cuBLAS", static_cast<long>(code),
-                        std::string("cuBLAS: ") + call + " failed: " + cublasGetStatusName(code) + " (" +
-                            cublasGetStatusString(code) + ")");
+                        error_text(no_rank, "cuBLAS", call, " failed: ", cublasGetStatusName(code), " (",
+                                   cublasGetStatusString(code), ")"));
 }
 
 #define FLEXPAR_CHECK_CUBLAS(call)                                                                         \
@@ -27,14 +27,13 @@ cublasOperation_t op_of(transpose t) { return t == transpose::yes ? CUBLAS_OP_T 
 
 void check_matrix(const char* what, std::size_t have, std::size_t rows, std::size_t cols) {
   if (have >= rows * cols) return;
-  throw usage_error("cuda::blas::gemm: " + std::string(what) + " holds " + std::to_string(have) + " elements; a " +
-                    std::to_string(rows) + " x " + std::to_string(cols) + " matrix needs " +
-                    std::to_string(rows * cols));
+  throw error_on<usage_error>(no_rank, "cuda::blas::gemm", what, " holds ", have, " elements; a ", rows, " x ", cols,
+                              " matrix needs ", rows * cols);
 }
 
 int as_int(std::size_t v, const char* what) {
   if (v > static_cast<std::size_t>(INT32_MAX))
-    throw usage_error("cuda::blas: " + std::string(what) + " of " + std::to_string(v) + " exceeds cuBLAS's int range");
+    throw error_on<usage_error>(no_rank, "cuda::blas", what, " of ", v, " exceeds cuBLAS's int range");
   return static_cast<int>(v);
 }
 
@@ -100,8 +99,7 @@ void blas::column_sums(std::size_t m, std::size_t n, device_span<const float> a,
                        float beta) {
   check_matrix("A", a.size(), m, n);
   if (y.size() < n)
-    throw usage_error("cuda::blas::column_sums: y holds " + std::to_string(y.size()) + " elements; it needs " +
-                      std::to_string(n));
+    throw error_on<usage_error>(no_rank, "cuda::blas::column_sums", "y holds ", y.size(), " elements; it needs ", n);
   if (n == 0) return;
   if (s_->ones.size() < m) {
     device_buffer<float> ones(std::max<std::size_t>(m, 1024));

@@ -358,7 +358,7 @@ void check_status(const unsigned long long* status, unsigned long long* host, co
 // ---- minmax_uint8 -------------------------------------------------------------------------------------
 
 minmax_uint8::minmax_uint8(std::size_t chunk) : chunk_(chunk) {
-  if (chunk == 0) throw usage_error("cuda::minmax_uint8: chunk must be positive");
+  if (chunk == 0) throw error_on<usage_error>(no_rank, "cuda::minmax_uint8", "chunk must be positive");
   status_ = device_buffer<unsigned long long>(1);
   status_host_ = pinned_buffer<unsigned long long>(1);
 }
@@ -409,7 +409,7 @@ void minmax_uint8::decode_add(device_span<const std::byte> in, device_span<float
 // ---- onebit -----------------------------------------------------------------------------------------
 
 onebit::onebit(std::size_t count, std::size_t chunk) : chunk_(chunk) {
-  if (chunk == 0) throw usage_error("cuda::onebit: chunk must be positive");
+  if (chunk == 0) throw error_on<usage_error>(no_rank, "cuda::onebit", "chunk must be positive");
   residual_ = device_buffer<float>(count);
   status_ = device_buffer<unsigned long long>(1);
   status_host_ = pinned_buffer<unsigned long long>(1);
@@ -425,11 +425,8 @@ void onebit::reset(cudaStream_t s) {
 
 void onebit::encode(device_span<const float> x, device_span<std::byte> out, cudaStream_t s) {
   if (x.size() != residual_.size()) {
-    std::string text = "cuda::onebit::encode: ";
-    text += std::to_string(x.size());
-    text += " values for a compressor of ";
-    text += std::to_string(residual_.size());
-    throw usage_error(text);
+    throw error_on<usage_error>(no_rank, "cuda::onebit::encode", x.size(), " values for a compressor of ",
+                                residual_.size());
   }
   detail::check_bytes("cuda::onebit::encode", out.size(), encoded_size(x.size()));
   last_input_ = x.data();

@@ -28,7 +28,7 @@ struct marker {
 };
 
 marker& of(const device_marker& m) {
-  if (!m) throw usage_error("cuda::engine_backend: an empty device marker");
+  if (!m) throw error_on<usage_error>(no_rank, "cuda::engine_backend", "an empty device marker");
   return *static_cast<marker*>(m.get());
 }
 
@@ -137,7 +137,7 @@ device_marker engine_backend::run(collective_kind kind, dtype type, reduce_op op
   state& s = *s_;
   device_communicator& gpu = *s.gpu;
   const device_guard on(gpu.device());
-  if (items.empty()) throw usage_error("cuda::engine_backend::run: no tensors");
+  if (items.empty()) throw error_on<usage_error>(no_rank, "cuda::engine_backend::run", "no tensors");
   const std::size_t e = size_of(type);
   const auto p = static_cast<std::size_t>(gpu.size());
   const auto me = static_cast<std::size_t>(gpu.rank());

@@ -52,24 +52,13 @@ inline void check_launch(const char* what) {
 /// usage_error "<op>: spans of A and B elements; they must have the same length".
 inline void check_same_length(const char* op, std::size_t a, std::size_t b) {
   if (a == b) return;
-  std::string text = op;
-  text += ": spans of ";
-  text += std::to_string(a);
-  text += " and ";
-  text += std::to_string(b);
-  text += " elements; they must have the same length";
-  throw usage_error(text);
+  throw error_on<usage_error>(no_rank, op, "spans of ", a, " and ", b, " elements; they must have the same length");
 }
 
 /// usage_error "<op>: buffer of H bytes, needs N".
 inline void check_bytes(const char* op, std::size_t have, std::size_t need) {
   if (have >= need) return;
-  std::string text = op;
-  text += ": buffer of ";
-  text += std::to_string(have);
-  text += " bytes, needs ";
-  text += std::to_string(need);
-  throw usage_error(text);
+  throw error_on<usage_error>(no_rank, op, "buffer of ", have, " bytes, needs ", need);
 }
 
 /// `op(i)` for every i of [0, count) on stream `s`: cub::DeviceFor::Bulk (one thread per index, CUB's

@@ -35,7 +35,7 @@ ncclDataType_t nccl_type(dtype t) {
     case dtype::i32: return ncclInt32;
     case dtype::i64: return ncclInt64;
   }
-  throw usage_error("nccl: unknown dtype");
+  throw error_on<usage_error>(no_rank, "nccl", "unknown dtype");
 }
 
 ncclRedOp_t nccl_op(reduce_op op) {
@@ -46,7 +46,7 @@ ncclRedOp_t nccl_op(reduce_op op) {
     case reduce_op::max: return ncclMax;
     case reduce_op::avg: return ncclAvg;
   }
-  throw usage_error("nccl: unknown reduce_op");
+  throw error_on<usage_error>(no_rank, "nccl", "unknown reduce_op");
 }
 
 const char* result_name(ncclResult_t r) {

@@ -71,8 +71,8 @@ unsigned grid_of(Kernel kernel, std::size_t work) {
 
 void check_length(const char* op, const char* what, std::size_t have, std::size_t need) {
   if (have == need) return;
-  throw usage_error(std::string("cuda::") + op + ": " + what + " holds " + std::to_string(have) +
-                    " elements; it needs " + std::to_string(need));
+  throw error_on<usage_error>(no_rank, std::string("cuda::").append(op), what, " holds ", have, " elements; it needs ",
+                              need);
 }
 
 }  // namespace
@@ -125,7 +125,8 @@ __device__ inline std::size_t pool_argmax(const pool_geometry& g, const float* p
 
 void check_pool(const char* op, const pool_geometry& g, std::size_t x, std::size_t y) {
   if (g.window == 0 || g.stride == 0)
-    throw usage_error(std::string("cuda::").append(op).append(": a window and a stride of at least 1 are needed"));
+    throw error_on<usage_error>(no_rank, std::string("cuda::").append(op),
+                                "a window and a stride of at least 1 are needed");
   check_length(op, "x", x, g.planes * g.height * g.width);
   check_length(op, "y", y, g.planes * g.out_height() * g.out_width());
 }
@@ -173,7 +174,7 @@ void softmax_cross_entropy(device_span<float> logits, device_span<const std::uin
   detail::check_length("softmax_cross_entropy", "logits", logits.size(), rows * classes);
   detail::check_length("softmax_cross_entropy", "labels", labels.size(), rows);
   if (classes == 0 || classes > 1024)
-    throw usage_error("cuda::softmax_cross_entropy: " + std::to_string(classes) + " classes; 1 to 1024 are supported");
+    throw error_on<usage_error>(no_rank, "cuda::softmax_cross_entropy", classes, " classes; 1 to 1024 are supported");
   if (rows == 0) return;
   const std::size_t threads = rows * 32;
   detail::softmax_xent_kernel<<<detail::grid_of(&detail::softmax_xent_kernel, threads), detail::block_threads, 0, s>>>(

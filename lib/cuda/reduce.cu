@@ -301,7 +301,7 @@ void reduce_dispatch(T* dst, const T* a, const T* b, std::size_t count, reduce_o
     case reduce_op::min: return launch_reduce(dst, a, b, count, op_min{}, s);
     case reduce_op::max: return launch_reduce(dst, a, b, count, op_max{}, s);
   }
-  throw usage_error("cuda::reduce_into: unknown reduce_op " + std::to_string(static_cast<int>(op)));
+  throw error_on<usage_error>(no_rank, "cuda::reduce_into", "unknown reduce_op ", static_cast<int>(op));
 }
 
 }  // namespace
@@ -322,7 +322,7 @@ void reduce_into(device_span<T> dst, device_span<const T> a, device_span<const T
 
 template <element T>
 void reduce_into(device_span<T> dst, std::span<const device_span<const T>> sources, reduce_op op, cudaStream_t s) {
-  if (sources.empty()) throw usage_error("cuda::reduce_into: no sources to reduce");
+  if (sources.empty()) throw error_on<usage_error>(no_rank, "cuda::reduce_into", "no sources to reduce");
   std::vector<const T*> pointers;
   pointers.reserve(sources.size());
   for (const device_span<const T>& src : sources) {
@@ -338,7 +338,7 @@ void reduce_into(device_span<T> dst, std::span<const device_span<const T>> sourc
     case reduce_op::min: return detail::reduce_many(dst.data(), all, dst.size(), detail::op_min{}, s);
     case reduce_op::max: return detail::reduce_many(dst.data(), all, dst.size(), detail::op_max{}, s);
   }
-  throw usage_error("cuda::reduce_into: unknown reduce_op " + std::to_string(static_cast<int>(op)));
+  throw error_on<usage_error>(no_rank, "cuda::reduce_into", "unknown reduce_op ", static_cast<int>(op));
 }
 
 template <element T>
@@ -377,8 +377,8 @@ void convert(dtype from, const void* in, dtype to, void* out, std::size_t count,
     return detail::launch_convert<float, bfloat16>(in, out, count, factor, s);
   if (from == dtype::bf16 && to == dtype::f32)
     return detail::launch_convert<bfloat16, float>(in, out, count, factor, s);
-  throw usage_error("cuda::convert: " + std::string(name_of(from)) + " to " + std::string(name_of(to)) +
-                    " is not supported (a type to itself, or f32 to and from f16 and bf16)");
+  throw error_on<usage_error>(no_rank, "cuda::convert", name_of(from), " to ", name_of(to),
+                              " is not supported (a type to itself, or f32 to and from f16 and bf16)");
 }
 
 void reduce_into(dtype t, void* dst, std::span<const void* const> sources, std::size_t count, reduce_op op,

@@ -31,10 +31,10 @@ void sgd::apply(std::size_t index, device_span<float> weight, device_span<const 
   }
   const std::size_t had = momentum ? buffer_[index].size() : n;
   if (gradient.size() != n || had != n)
-    throw usage_error("cuda::sgd::apply: parameter " + std::to_string(index) + " has " + std::to_string(n) +
-                      " weights and " + std::to_string(gradient.size()) + " gradient values" +
-                      (had != n ? "; its momentum buffer holds " + std::to_string(had) : std::string()) +
-                      "; they must have the same length");
+    throw error_on<usage_error>(no_rank, "cuda::sgd::apply", "parameter ", index, " has ", n, " weights and ",
+                                gradient.size(), " gradient values",
+                                had != n ? "; its momentum buffer holds " + std::to_string(had) : std::string(),
+                                "; they must have the same length");
   sgd_momentum(weight, momentum ? buffer_[index].span() : device_span<float>{}, gradient, options_.learning_rate,
                options_.momentum, factor_, s, options_.weight_decay);
 }

@@ -125,11 +125,8 @@ void copy_bytes_async(void* dst, const void* src, std::size_t bytes, cudaMemcpyK
   FLEXPAR_CHECK_CUDA(-1, cudaMemcpyAsync(dst, src, bytes, kind, s));
 }
 void throw_size_mismatch(std::string_view op, std::size_t dst, std::size_t src, std::size_t element_bytes) {
-  std::string text = "flexpar::cuda::";
-  text += op;
-  text += ": the destination holds " + std::to_string(dst) + " elements, the source " + std::to_string(src) +
-          " (elements of " + std::to_string(element_bytes) + " bytes)";
-  throw usage_error(text);
+  throw error_on<usage_error>(no_rank, std::string("flexpar::cuda::").append(op), "the destination holds ", dst,
+                              " elements, the source ", src, " (elements of ", element_bytes, " bytes)");
 }
 
 }  // namespace detail

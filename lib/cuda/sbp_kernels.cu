@@ -179,8 +179,8 @@ void by_element_bytes(std::size_t element_bytes, const char* op, F f) {
     case 4: return f(std::uint32_t{});
     case 8: return f(std::uint64_t{});
     default:
-      throw usage_error(std::string(op) + ": elements of " + std::to_string(element_bytes) +
-                        " bytes; it moves elements of 1, 2, 4 or 8 bytes");
+      throw error_on<usage_error>(no_rank, op, "elements of ", element_bytes,
+                                  " bytes; it moves elements of 1, 2, 4 or 8 bytes");
   }
 }
 
@@ -219,12 +219,13 @@ void copy_box_bytes(std::size_t element_bytes, const void* src, const std::vecto
                     const std::vector<std::size_t>& dst_at, const std::vector<std::size_t>& extent, cudaStream_t s) {
   const std::size_t n = extent.size();
   if (src_shape.size() != n || dst_shape.size() != n || src_at.size() != n || dst_at.size() != n)
-    throw usage_error("flexpar::cuda::copy_box: the shapes, offsets and extent have different numbers of axes");
+    throw error_on<usage_error>(no_rank, "flexpar::cuda::copy_box",
+                                "the shapes, offsets and extent have different numbers of axes");
   std::size_t elements = 1;
   for (std::size_t d = 0; d < n; ++d) {
     if (src_at[d] + extent[d] > src_shape[d] || dst_at[d] + extent[d] > dst_shape[d])
-      throw usage_error("flexpar::cuda::copy_box: the box leaves the source or destination tensor on axis " +
-                        std::to_string(d));
+      throw error_on<usage_error>(no_rank, "flexpar::cuda::copy_box",
+                                  "the box leaves the source or destination tensor on axis ", d);
     elements *= extent[d];
   }
   if (elements == 0) return;
@@ -253,7 +254,7 @@ void copy_box_bytes(std::size_t element_bytes, const void* src, const std::vecto
   b.run = run;
   for (std::size_t a = 0; a < d; ++a) {
     if (extent[a] == 1) continue;
-    if (b.axes == max_axes) throw usage_error("flexpar::cuda::copy_box: more than 8 strided axes");
+    if (b.axes == max_axes) throw error_on<usage_error>(no_rank, "flexpar::cuda::copy_box", "more than 8 strided axes");
     b.extent[b.axes] = extent[a];
     b.src_stride[b.axes] = ss[a];
     b.dst_stride[b.axes] = ds[a];

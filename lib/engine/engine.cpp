@@ -66,7 +66,7 @@ std::vector<std::byte> recv_message(transport& t, int peer, tag_t tag, deadline 
   std::vector<std::byte> head(first_part);
   const std::size_t got = t.recv(peer, tag, head, until);
   std::uint64_t length = 0;
-  if (got < sizeof length) throw error("engine protocol error: a message of " + std::to_string(got) + " bytes");
+  if (got < sizeof length) throw error_on<error>(t.rank(), "engine protocol error", "a message of ", got, " bytes");
   std::memcpy(&length, head.data(), sizeof length);
   std::vector<std::byte> payload(length);
   const std::size_t inline_part = std::min<std::size_t>(length, first_part - sizeof length);
@@ -186,6 +186,7 @@ class engine_core final : private fused_executor::owner {
   }
 
   handle enqueue(std::shared_ptr<engine_entry> entry) {
+    entry->rank = comm_.rank();
     entry->default_timeout = cfg_.timeout;
     entry->submitted = clock::now();
     const collective_kind kind = entry->desc.kind;
@@ -484,8 +485,8 @@ void handle::wait(deadline until) const {
   {
     std::unique_lock lock(entry_->mutex);
     if (!entry_->finished_cv.wait_until(lock, until, [&] { return entry_->finished; }))
-      throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
-                          "\" did not complete before its deadline");
+      throw error_on<timeout_error>(entry_->rank, name_of(entry_->desc.kind), "\"", entry_->name,
+                                    "\" did not complete before its deadline");
     error = entry_->error;
   }
   if (!error) return;
@@ -502,9 +503,9 @@ void handle::wait(deadline until) const {
     } catch (const std::exception& e) {
       text = e.what();
     }
-    throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name + "\" failed (" + text +
-                        "), but tensors this rank submitted before are still in flight at the deadline (" + in_flight +
-                        "): their buffers are still in use");
+    throw error_on<timeout_error>(entry_->rank, name_of(entry_->desc.kind), "\"", entry_->name, "\" failed (", text,
+                                  "), but tensors this rank submitted before are still in flight at the deadline (",
+                                  in_flight, "): their buffers are still in use");
   }
   std::rethrow_exception(error);
 }
@@ -525,13 +526,13 @@ memory_kind handle::memory() const { return entry_ ? entry_->desc.memory : memor
 void handle::order_after(void* stream) const {
   if (!entry_) return;
   if (entry_->desc.memory != memory_kind::cuda)
-    throw usage_error("handle::order_after: " + std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
-                      "\" is a host tensor; wait() for it");
+    throw error_on<usage_error>(entry_->rank, "handle::order_after", name_of(entry_->desc.kind), " \"", entry_->name,
+                                "\" is a host tensor; wait() for it");
   std::unique_lock lock(entry_->mutex);
   if (!entry_->finished_cv.wait_until(lock, deadline_after(entry_->default_timeout),
                                       [&] { return entry_->enqueued || entry_->finished; }))
-    throw timeout_error(std::string(name_of(entry_->desc.kind)) + " \"" + entry_->name +
-                        "\" was not enqueued on the device before its deadline");
+    throw error_on<timeout_error>(entry_->rank, name_of(entry_->desc.kind), "\"", entry_->name,
+                                  "\" was not enqueued on the device before its deadline");
   if (!entry_->enqueued && entry_->error) std::rethrow_exception(entry_->error);
   const device_marker end = entry_->end;
   lock.unlock();
@@ -565,8 +566,8 @@ handle engine::submit(std::string name, collective_kind kind, dtype type, reduce
 void engine::check_bytes(std::string_view op, const std::string& name, std::size_t bytes, dtype type,
                          std::size_t count) {
   if (bytes < count * size_of(type))
-    throw usage_error("engine: " + std::string(op) + " \"" + name + "\": a buffer of " + std::to_string(bytes) +
-                      " bytes cannot hold " + std::to_string(count) + " " + std::string(name_of(type)) + " elements");
+    throw error_on<usage_error>(no_rank, "engine", op, " \"", name, "\": a buffer of ", bytes, " bytes cannot hold ",
+                                count, " ", name_of(type), " elements");
 }
 
 handle engine::submit_device(std::string name, collective_kind kind, dtype type, reduce_op op, int root, const void* in,

@@ -65,6 +65,7 @@ class settle_tracker {
 
 struct engine_entry {
   std::string name;
+  int rank = -1;  // of the submitting engine's communicator: the rank its errors name
   description desc;
   std::span<const std::byte> in;
   std::span<std::byte> out;

@@ -26,7 +26,7 @@ void response_cache::remember(const response& r) {
 }
 
 const cache_entry& response_cache::at(std::uint32_t slot) const {
-  if (slot >= entries_.size()) throw error("engine protocol error: cache slot " + std::to_string(slot) + " unknown");
+  if (slot >= entries_.size()) throw error_on<error>(no_rank, "engine protocol error", "cache slot ", slot, " unknown");
   return entries_[slot];
 }
 

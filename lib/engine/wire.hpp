@@ -54,15 +54,15 @@ class wire_reader {
   /// Throws unless every byte was read (a longer message than this version writes).
   void expect_end() const {
     if (at_ != bytes_.size())
-      throw error("engine protocol error: " + std::to_string(bytes_.size() - at_) +
-                  " unread bytes at the end of a message (do all ranks run the same flexpar?)");
+      throw error_on<error>(no_rank, "engine protocol error", bytes_.size() - at_,
+                            " unread bytes at the end of a message (do all ranks run the same flexpar?)");
   }
 
  private:
   void need(std::size_t n) const {
     if (at_ + n > bytes_.size())
-      throw error("engine protocol error: a message of " + std::to_string(bytes_.size()) +
-                  " bytes ended early (do all ranks run the same flexpar?)");
+      throw error_on<error>(no_rank, "engine protocol error", "a message of ", bytes_.size(),
+                            " bytes ended early (do all ranks run the same flexpar?)");
   }
   std::span<const std::byte> bytes_;
   std::size_t at_ = 0;

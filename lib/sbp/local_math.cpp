@@ -16,9 +16,7 @@ namespace flexpar::sbp::local {
 namespace {
 int checked(std::size_t n, const char* what) {
   if (n > static_cast<std::size_t>(INT_MAX)) {
-    std::string text = "sbp gemm: ";
-    text.append(what).append(" = ").append(std::to_string(n)).append(" exceeds the BLAS's 32-bit index range");
-    throw usage_error(text);
+    throw error_on<usage_error>(no_rank, "sbp gemm", what, " = ", n, " exceeds the BLAS's 32-bit index range");
   }
   return static_cast<int>(n);
 }

@@ -35,18 +35,18 @@ cost_params cluster::params(bool crosses_nodes) const noexcept {
 void cluster::validate() const {
   auto positive = [](double v, const char* field) {
     if (!(v > 0))
-      throw usage_error(
-          std::string("search::cluster: ").append(field).append(" must be > 0, got ").append(std::to_string(v)));
+      throw error_on<usage_error>(no_rank, "search::cluster", field, " must be > 0, got ", std::to_string(v));
   };
   positive(nodes, "nodes");
   positive(devices_per_node, "devices_per_node");
   positive(flops, "flops");
   positive(memory_bandwidth, "memory_bandwidth");
   positive(static_cast<double>(memory_bytes), "memory_bytes");
-  if (kernel_latency < 0) throw usage_error("search::cluster: kernel_latency must be >= 0");
+  if (kernel_latency < 0) throw error_on<usage_error>(no_rank, "search::cluster", "kernel_latency must be >= 0");
   positive(intra.bandwidth, "intra.bandwidth");
   positive(inter.bandwidth, "inter.bandwidth");
-  if (intra.latency < 0 || inter.latency < 0) throw usage_error("search::cluster: link latencies must be >= 0");
+  if (intra.latency < 0 || inter.latency < 0)
+    throw error_on<usage_error>(no_rank, "search::cluster", "link latencies must be >= 0");
   positive(compression.minmax_encode, "compression.minmax_encode");
   positive(compression.minmax_decode, "compression.minmax_decode");
   positive(compression.onebit_encode, "compression.onebit_encode");
@@ -96,8 +96,7 @@ cluster preset(std::string_view name) {
     c.inter = c.intra;
     return c;
   }
-  std::string msg("search::preset: no cluster preset '");
-  msg.append(name).append("'; presets:");
+  std::string msg = error_text(no_rank, "search::preset", "no cluster preset '", name, "'; presets:");
   for (const std::string& n : preset_names()) msg.append(" ").append(n);
   throw usage_error(msg);
 }
@@ -150,7 +149,7 @@ cluster cluster_from_json(std::string_view text) {
       r.adam_update = k.value("adam_update", r.adam_update);
     }
   } catch (const nlohmann::json::exception& e) {
-    throw usage_error(std::string("search::cluster_from_json: ").append(e.what()));
+    throw usage_error(error_text(no_rank, "search::cluster_from_json").append(e.what()));
   }
   c.validate();
   return c;
@@ -199,13 +198,13 @@ compression_rates measure_compression(std::size_t floats) {
 }
 
 link fit_link(const std::vector<link_sample>& samples, double gamma) {
-  if (samples.size() < 2) throw usage_error("search::fit_link: needs at least 2 samples");
+  if (samples.size() < 2) throw error_on<usage_error>(no_rank, "search::fit_link", "needs at least 2 samples");
   // t - gamma r = alpha x + beta y with x = messages (transport + shared memory), y = bytes (wire + copies)
   const auto [alpha, beta] = fit_channel(
       samples, [](const cost& c) { return c.steps + c.shm_steps; },
       [](const cost& c) { return c.wire_bytes + c.copy_bytes; },
       [gamma](const cost& c) { return gamma * c.reduce_bytes; }, 0.0, 0.0);
-  if (!(beta > 0)) throw usage_error("search::fit_link: the samples give no positive bandwidth");
+  if (!(beta > 0)) throw error_on<usage_error>(no_rank, "search::fit_link", "the samples give no positive bandwidth");
   return {alpha, 1.0 / beta};
 }
 

@@ -42,9 +42,7 @@ std::vector<int> divisors(int n) {
 }
 
 std::string op_context(std::string_view what, std::size_t i, std::string_view name) {
-  std::string s("search::");
-  s.append(what).append(": op ").append(std::to_string(i)).append(" '").append(name).append("': ");
-  return s;
+  return error_text(no_rank, std::string("search::").append(what), "op ", i, " '", name, "': ");
 }
 }  // namespace
 
@@ -203,7 +201,7 @@ strategy expert(const graph& g, const cluster& cl) {
 
 std::string to_json(const graph& g, const strategy& s) {
   if (s.size() != g.ops.size())
-    throw usage_error(std::string("search::to_json: the strategy has ")
+    throw usage_error(error_text(no_rank, "search::to_json", "the strategy has ")
                           .append(std::to_string(s.size()))
                           .append(" configs, the graph '")
                           .append(g.name)
@@ -226,14 +224,15 @@ strategy strategy_from_json(std::string_view text, const graph& g, const cluster
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw usage_error(std::string("search::strategy_from_json: not JSON: ").append(e.what()));
+    throw usage_error(error_text(no_rank, "search::strategy_from_json", "not JSON: ").append(e.what()));
   }
   if (!j.is_object() || !j.contains("ops") || !j["ops"].is_array() || j["ops"].size() != g.ops.size())
-    throw usage_error(std::string("search::strategy_from_json: expected {\"ops\": [...]} with one entry per op of '")
-                          .append(g.name)
-                          .append("' (")
-                          .append(std::to_string(g.ops.size()))
-                          .append(" ops)"));
+    throw usage_error(
+        error_text(no_rank, "search::strategy_from_json", "expected {\"ops\": [...]} with one entry per op of '")
+            .append(g.name)
+            .append("' (")
+            .append(std::to_string(g.ops.size()))
+            .append(" ops)"));
   strategy s;
   for (std::size_t i = 0; i < g.ops.size(); ++i) {
     const nlohmann::json& jo = j["ops"][i];

@@ -15,9 +15,7 @@ namespace flexpar::search {
 namespace detail {
 
 std::string op_context(std::size_t i, const op& o) {
-  std::string s("search::execute_steps: op ");
-  s.append(std::to_string(i)).append(" '").append(o.name).append("': ");
-  return s;
+  return error_text(no_rank, "search::execute_steps", "op ", i, " '", o.name, "': ");
 }
 
 }  // namespace detail
@@ -45,12 +43,12 @@ nd_parallel transposed(nd_parallel s) {
 
 std::vector<op_step> plan_steps(const graph& g, const strategy& s, int ranks) {
   if (s.size() != g.ops.size())
-    throw usage_error(std::string("search::execute_steps: the strategy has ")
+    throw usage_error(error_text(no_rank, "search::execute_steps", "the strategy has ")
                           .append(std::to_string(s.size()))
                           .append(" configs for ")
                           .append(std::to_string(g.ops.size()))
                           .append(" ops"));
-  if (g.ops.empty()) throw usage_error("search::execute_steps: the graph has no ops");
+  if (g.ops.empty()) throw error_on<usage_error>(no_rank, "search::execute_steps", "the graph has no ops");
   std::vector<op_step> steps;
   const std::size_t batch = g.ops.front().batch;
   for (std::size_t i = 0; i < g.ops.size(); ++i) {
@@ -171,7 +169,7 @@ transposed_product plan_product(const nd_parallel& a, const shape_t& a_shape, co
   const sbp::nd_signature_result sig =
       sbp::nd_signature([](const parallel& x, const parallel& y) { return sbp::signature::matmul(x, y); }, la, lb);
   if (!sig.ok)
-    throw usage_error(std::string("search::execute_steps: ")
+    throw usage_error(error_text(no_rank, "search::execute_steps")
                           .append(what)
                           .append(": matmul has no signature for ")
                           .append(sbp::to_string(la))

@@ -18,9 +18,7 @@ std::string numbered(std::string_view prefix, std::size_t n) {
 }
 
 std::string op_context(std::string_view what, std::size_t i, std::string_view name) {
-  std::string s("search::");
-  s.append(what).append(": op ").append(std::to_string(i)).append(" '").append(name).append("': ");
-  return s;
+  return error_text(no_rank, std::string("search::").append(what), "op ", i, " '", name, "': ");
 }
 }  // namespace
 
@@ -162,7 +160,8 @@ op with_inputs(op o, std::vector<std::size_t> inputs) {
 }  // namespace
 
 graph mlp(std::size_t batch, const std::vector<std::size_t>& widths) {
-  if (widths.size() < 2) throw usage_error("search::reference::mlp: needs at least two widths (input and output)");
+  if (widths.size() < 2)
+    throw error_on<usage_error>(no_rank, "search::reference::mlp", "needs at least two widths (input and output)");
   graph g;
   g.name = "mlp";
   std::vector<std::size_t> prev;
@@ -206,7 +205,7 @@ graph cnn(std::size_t batch) {
 
 graph cnn_small(std::size_t batch, std::size_t side, std::size_t channels, std::size_t classes) {
   if (side == 0 || side % 4 != 0)
-    throw usage_error(std::string("search::reference::cnn_small: side ")
+    throw usage_error(error_text(no_rank, "search::reference::cnn_small", "side ")
                           .append(std::to_string(side))
                           .append(" is not a positive multiple of 4 (two 2 x 2 poolings)"));
   graph g;
@@ -300,11 +299,11 @@ graph graph_from_json(std::string_view text) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw usage_error(std::string("search::graph_from_json: not JSON: ").append(e.what()));
+    throw usage_error(error_text(no_rank, "search::graph_from_json", "not JSON: ").append(e.what()));
   }
   graph g;
   if (!j.is_object() || !j.contains("ops") || !j["ops"].is_array())
-    throw usage_error("search::graph_from_json: expected an object with an \"ops\" array");
+    throw error_on<usage_error>(no_rank, "search::graph_from_json", "expected an object with an \"ops\" array");
   g.name = j.value("name", std::string("graph"));
   g.element_bytes = j.value("element_bytes", std::size_t{4});
   std::size_t i = 0;

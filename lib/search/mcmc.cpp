@@ -10,7 +10,7 @@ namespace flexpar::search {
 mcmc_search::mcmc_search(simulator& sim, std::uint64_t seed, search_options options)
     : sim_(&sim), rng_(seed), options_(options) {
   if (options_.iterations == 0 && !(options_.seconds > 0))
-    throw usage_error("search::mcmc_search: give a budget: iterations > 0 or seconds > 0");
+    throw error_on<usage_error>(no_rank, "search::mcmc_search", "give a budget: iterations > 0 or seconds > 0");
 }
 
 search_result mcmc_search::run() {
@@ -25,7 +25,7 @@ search_result mcmc_search::run() {
     for (const soap_config& c : all)
       if (!options_.allow || options_.allow(i, c)) kept.push_back(c);
     if (kept.empty())
-      throw usage_error(std::string("search::mcmc_search: op ")
+      throw usage_error(error_text(no_rank, "search::mcmc_search", "op ")
                             .append(std::to_string(i))
                             .append(" '")
                             .append(g.ops[i].name)
@@ -48,7 +48,8 @@ search_result mcmc_search::run() {
   search_result r;
   const strategy dp = data_parallel(g, cl);
   r.data_parallel_time = sim_->simulate(dp);
-  if (!allowed(dp)) throw usage_error("search::mcmc_search: options.allow rejects data parallelism");
+  if (!allowed(dp))
+    throw error_on<usage_error>(no_rank, "search::mcmc_search", "options.allow rejects data parallelism");
   const strategy hand = expert(g, cl);
   r.expert_time = sim_->simulate(hand);
   std::vector<strategy> starts{dp};

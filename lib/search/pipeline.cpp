@@ -26,13 +26,14 @@ pipeline_timeline simulate_pipeline(const std::vector<stage_timing>& stages, int
                                     int gradient_registers) {
   const auto S = stages.size();
   if (S == 0 || micro_batches < 1 || gradient_registers < 1)
-    throw usage_error("search::simulate_pipeline: it needs a stage, m >= 1 and gradient_registers >= 1");
+    throw error_on<usage_error>(no_rank, "search::simulate_pipeline",
+                                "it needs a stage, m >= 1 and gradient_registers >= 1");
   const auto m = static_cast<std::size_t>(micro_batches);
   if (stash.empty())
     for (std::size_t j = 0; j < S; ++j)
       stash.push_back(stash_registers(schedule, static_cast<int>(S), static_cast<int>(j), micro_batches));
   if (stash.size() != S || std::find(stash.begin(), stash.end(), std::size_t{0}) != stash.end())
-    throw usage_error("search::simulate_pipeline: one stash count >= 1 per stage");
+    throw error_on<usage_error>(no_rank, "search::simulate_pipeline", "one stash count >= 1 per stage");
   std::vector<int> device(S);
   int devices = 0;
   for (std::size_t j = 0; j < S; ++j) {
@@ -103,7 +104,8 @@ pipeline_timeline simulate_pipeline(const std::vector<stage_timing>& stages, int
       }
     }
     if (best_start == unknown)
-      throw usage_error("search::simulate_pipeline: no firing can start (a stash or gradient count too small?)");
+      throw error_on<usage_error>(no_rank, "search::simulate_pipeline",
+                                  "no firing can start (a stash or gradient count too small?)");
     const std::size_t j = best_stage;
     const auto d = static_cast<std::size_t>(device[j]);
     const double duration = best_backward ? stages[j].backward : stages[j].forward;
@@ -139,7 +141,8 @@ std::string pipeline_strategy::describe() const {
 
 pipeline_estimate estimate(const pipeline_strategy& s, const stage_cost_fn& cost, std::uint64_t memory_limit) {
   if (s.blocks.empty() || s.micro_batches < 1 || std::find(s.blocks.begin(), s.blocks.end(), 0) != s.blocks.end())
-    throw usage_error("search::estimate: a strategy needs a stage, a block or more per stage and m >= 1");
+    throw error_on<usage_error>(no_rank, "search::estimate",
+                                "a strategy needs a stage, a block or more per stage and m >= 1");
   const int S = s.stages();
   std::vector<stage_timing> timings;
   pipeline_estimate e;
@@ -175,8 +178,8 @@ stage_cost_fn simulated_stage_costs(std::function<graph(const stage_shape&)> sta
       part.devices_per_node = devices;
     } else {
       if (devices % whole.devices_per_node != 0)
-        throw usage_error("search::simulated_stage_costs: a stage of " + std::to_string(devices) +
-                          " devices is not whole nodes of " + std::to_string(whole.devices_per_node));
+        throw error_on<usage_error>(no_rank, "search::simulated_stage_costs", "a stage of ", devices,
+                                    " devices is not whole nodes of ", whole.devices_per_node);
       part.nodes = devices / whole.devices_per_node;
     }
     simulator sim(stage_graph(s), part);
@@ -304,7 +307,8 @@ pipeline_strategy pipeline_search::propose(const pipeline_strategy& s) {
 
 pipeline_strategy pipeline_search::run(int proposals, double beta) {
   const std::vector<pipeline_strategy> starts = space_.pure();
-  if (starts.empty()) throw usage_error("search::pipeline_search: no pure strategy is valid for this space");
+  if (starts.empty())
+    throw error_on<usage_error>(no_rank, "search::pipeline_search", "no pure strategy is valid for this space");
   pipeline_strategy current = starts.front();
   double t_current = estimate_of(current).seconds;
   for (const pipeline_strategy& s : starts) {
@@ -348,7 +352,7 @@ pipeline_strategy pipeline_strategy_from_json(const std::string& text) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw usage_error(std::string("search::pipeline_strategy_from_json: not JSON: ").append(e.what()));
+    throw usage_error(error_text(no_rank, "search::pipeline_strategy_from_json", "not JSON: ").append(e.what()));
   }
   pipeline_strategy s;
   try {
@@ -357,13 +361,14 @@ pipeline_strategy pipeline_strategy_from_json(const std::string& text) {
     s.micro_batches = j.at("micro_batches").get<int>();
     const std::string schedule = j.at("schedule").get<std::string>();
     if (schedule != "gpipe" && schedule != "1f1b")
-      throw usage_error("search::pipeline_strategy_from_json: schedule \"" + schedule + "\" is not gpipe or 1f1b");
+      throw error_on<usage_error>(no_rank, "search::pipeline_strategy_from_json", "schedule \"", schedule,
+                                  "\" is not gpipe or 1f1b");
     s.schedule = schedule == "gpipe" ? pipeline_schedule::gpipe : pipeline_schedule::one_f_one_b;
     s.blocks = j.at("blocks").get<std::vector<int>>();
   } catch (const nlohmann::json::exception& e) {
-    throw usage_error(std::string("search::pipeline_strategy_from_json: expected {\"data\", \"tensor\", "
-                                  "\"micro_batches\", \"schedule\", \"blocks\": [...]}: ")
-                          .append(e.what()));
+    throw error_on<usage_error>(
+        no_rank, "search::pipeline_strategy_from_json",
+        "expected {\"data\", \"tensor\", \"micro_batches\", \"schedule\", \"blocks\": [...]}: ", e.what());
   }
   return s;
 }

@@ -94,9 +94,10 @@ void timeline::gather_and_write(transport& t, tag_t tag, int root, const std::st
     for (auto& e : json::parse(text)) all.push_back(std::move(e));
   }
   std::ofstream file(path, std::ios::trunc);
-  if (!file) throw error("timeline: cannot open \"" + path + "\" for writing: " + std::strerror(errno));
+  if (!file)
+    throw error_on<error>(t.rank(), "timeline", "cannot open \"", path, "\" for writing: ", std::strerror(errno));
   file << json{{"traceEvents", std::move(all)}, {"displayTimeUnit", "ms"}}.dump(1) << '\n';
-  if (!file) throw error("timeline: writing \"" + path + "\" failed: " + std::strerror(errno));
+  if (!file) throw error_on<error>(t.rank(), "timeline", "writing \"", path, "\" failed: ", std::strerror(errno));
 }
 
 }  // namespace flexpar

@@ -93,8 +93,8 @@ void bootstrap_allgather(transport& t, std::span<const std::byte> mine, std::spa
   const int p = t.size(), me = t.rank();
   const std::size_t n = mine.size();
   if (all.size() != n * static_cast<std::size_t>(p))
-    throw usage_error("bootstrap_allgather: output holds " + std::to_string(all.size()) + " bytes, needs " +
-                      std::to_string(n * static_cast<std::size_t>(p)));
+    throw error_on<usage_error>(me, "bootstrap_allgather", "output holds ", all.size(), " bytes, needs ",
+                                n * static_cast<std::size_t>(p));
   const clock::time_point started = clock::now();
   if (n != 0) std::memcpy(all.data() + n * static_cast<std::size_t>(me), mine.data(), n);
   std::vector<request> receives, sends;

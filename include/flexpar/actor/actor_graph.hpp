@@ -343,10 +343,8 @@ class actor_graph {
  private:
   void check_channel(tag_t channel, const std::string& label) const {
     if (!core_->bus) {
-      std::string text = "connect '";
-      text += label;
-      text += "': a cross-rank edge needs a graph built over a communicator (actor_graph(comm))";
-      throw usage_error(text);
+      throw error_on<usage_error>(core_->rank(), "connect", "'", label,
+                                  "': a cross-rank edge needs a graph built over a communicator (actor_graph(comm))");
     }
     if (3 * channel + 2 >= core_->bus->max_tag()) {
       throw error_on<usage_error>(core_->rank(), "", "connect '", label,

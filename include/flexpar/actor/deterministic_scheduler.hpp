@@ -50,11 +50,8 @@ class deterministic_scheduler {
         return;
       }
     }
-    std::string text = "deterministic_scheduler::step: actor '";
-    text += a.label();
-    text += "' is not ready; it waits for ";
-    text += a.waiting_for();
-    throw usage_error(text);
+    throw error_on<usage_error>(core_.rank(), "deterministic_scheduler::step", "actor '", a.label(),
+                                "' is not ready; it waits for ", a.waiting_for());
   }
   /// Fires one ready actor chosen uniformly with `rng` (among those in turn on a stream with a fixed
   /// order); with cross-rank edges, polls them first.
@@ -165,7 +162,7 @@ class deterministic_scheduler {
   [[noreturn]] void abort_and_rethrow() {
     if (core_.has_remote()) core_.abort_remote(deadline_after(std::chrono::milliseconds(100)));
     core_.rethrow_failure();
-    throw usage_error("deterministic_scheduler: no failure to rethrow");  // unreachable
+    throw error_on<usage_error>(core_.rank(), "deterministic_scheduler", "no failure to rethrow");  // unreachable
   }
 
   detail::graph_core& core_;

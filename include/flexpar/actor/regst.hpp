@@ -144,11 +144,12 @@ class out<T, dynamic_registers> final : public detail::out_base {
   /// Sets the register count to `n` (>= 1). Call it before connect(): a cross-rank consumer takes
   /// the count when the edge is made. @throws usage_error for 0 or once the output is connected.
   void set_register_count(std::size_t n) {
-    if (n == 0) throw usage_error("flexpar::out<T, dynamic_registers>: an output needs at least one register");
+    if (n == 0)
+      throw error_on<usage_error>(no_rank, "flexpar::out<T, dynamic_registers>",
+                                  "an output needs at least one register");
     if (!consumers.empty()) {
-      throw usage_error(
-          "flexpar::out<T, dynamic_registers>::set_register_count: the output is already connected; set the "
-          "register count before connect()");
+      throw error_on<usage_error>(no_rank, "flexpar::out<T, dynamic_registers>::set_register_count",
+                                  "the output is already connected; set the register count before connect()");
     }
     registers_.clear();
     free_list.clear();

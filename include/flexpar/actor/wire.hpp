@@ -26,12 +26,8 @@ struct wire {
   /// @throws usage_error if `size` is not sizeof(T) (both ranks must agree on T).
   static std::span<std::byte> prepare(T& value, std::size_t size) {
     if (size != sizeof(T)) {
-      std::string text = "flexpar::wire: received ";
-      text += std::to_string(size);
-      text += " bytes for a payload of ";
-      text += std::to_string(sizeof(T));
-      text += " bytes; the two ranks of a cross-rank edge disagree on its type";
-      throw usage_error(text);
+      throw error_on<usage_error>(no_rank, "flexpar::wire", "received ", size, " bytes for a payload of ", sizeof(T),
+                                  " bytes; the two ranks of a cross-rank edge disagree on its type");
     }
     return std::as_writable_bytes(std::span(&value, 1));
   }
@@ -51,12 +47,8 @@ struct wire<std::vector<U, A>> {
   /// @throws usage_error if `size` is not a multiple of sizeof(U).
   static std::span<std::byte> prepare(std::vector<U, A>& value, std::size_t size) {
     if (size % sizeof(U) != 0) {
-      std::string text = "flexpar::wire: received ";
-      text += std::to_string(size);
-      text += " bytes for a vector of ";
-      text += std::to_string(sizeof(U));
-      text += "-byte elements; the two ranks of a cross-rank edge disagree on its type";
-      throw usage_error(text);
+      throw error_on<usage_error>(no_rank, "flexpar::wire", "received ", size, " bytes for a vector of ", sizeof(U),
+                                  "-byte elements; the two ranks of a cross-rank edge disagree on its type");
     }
     value.resize(size / sizeof(U));
     return std::as_writable_bytes(std::span(value.data(), value.size()));

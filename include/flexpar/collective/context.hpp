@@ -121,6 +121,7 @@ inline collective_context& context_of(communicator& comm) {
     try {
       fresh->channel = comm.transport().split(0, comm.rank());
     } catch (const timeout_error& e) {
+      // throw: e.what() is the split's message, built already ("[rank R] ..."); this adds its likely cause
       throw timeout_error(std::string(e.what()) +
                           " (the first collective on a communicator splits its transport: every rank must call "
                           "the same collectives in the same order)");

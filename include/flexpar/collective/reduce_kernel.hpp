@@ -272,8 +272,7 @@ void reduce_elements_forward(T* dst, const T* a, const T* b, std::size_t n, Op f
 
 inline void check_same_length(std::string_view what, std::size_t a, std::size_t b) {
   if (a != b)
-    throw usage_error(std::string(what) + ": spans of " + std::to_string(a) + " and " + std::to_string(b) +
-                      " elements; they must have the same length");
+    throw error_on<usage_error>(no_rank, what, "spans of ", a, " and ", b, " elements; they must have the same length");
 }
 
 }  // namespace detail

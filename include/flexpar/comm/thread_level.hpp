@@ -28,10 +28,10 @@ inline void require_thread_multiple(const communicator& comm, std::string_view w
   int provided = MPI_THREAD_SINGLE;
   FLEXPAR_CHECK_MPI(MPI_Query_thread(&provided));
   if (provided >= MPI_THREAD_MULTIPLE) return;
-  throw usage_error(std::string(who) + ": " + std::string(thread) +
-                    " calls MPI while your threads may too, so it needs MPI_THREAD_MULTIPLE; initialize MPI with "
-                    "MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) (or " +
-                    std::string(otherwise) + ")");
+  throw error_on<usage_error>(comm.rank(), who, thread,
+                              " calls MPI while your threads may too, so it needs MPI_THREAD_MULTIPLE; initialize MPI "
+                              "with MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) (or ",
+                              otherwise, ")");
 }
 
 }  // namespace flexpar

@@ -41,7 +41,7 @@ struct cast {
 
  private:
   static void check(std::size_t in, std::size_t out) {
-    if (in != out) throw usage_error("cast: " + std::to_string(in) + " inputs but " + std::to_string(out) + " outputs");
+    if (in != out) throw error_on<usage_error>(no_rank, "cast", in, " inputs but ", out, " outputs");
   }
 };
 

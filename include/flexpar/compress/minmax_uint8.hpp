@@ -107,14 +107,14 @@ struct minmax_uint8 {
  private:
   static void check_size(const char* op, std::size_t have, std::size_t need) {
     if (have < need)
-      throw usage_error(std::string("minmax_uint8::") + op + ": buffer of " + std::to_string(have) + " bytes, needs " +
-                        std::to_string(need));
+      throw error_on<usage_error>(no_rank, std::string("minmax_uint8::") + op, "buffer of ", have, " bytes, needs ",
+                                  need);
   }
   [[noreturn]] static void throw_non_finite(std::span<const float> in, std::size_t begin, std::size_t n) {
     std::size_t i = begin;
     while (i < begin + n && std::isfinite(in[i])) ++i;
-    throw usage_error("minmax_uint8::encode: element " + std::to_string(i) + " is " + std::to_string(in[i]) +
-                      "; min-max quantization needs finite values");
+    throw error_on<usage_error>(no_rank, "minmax_uint8::encode", "element ", i, " is ", std::to_string(in[i]),
+                                "; min-max quantization needs finite values");
   }
 };
 

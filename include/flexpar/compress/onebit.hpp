@@ -38,7 +38,7 @@ class onebit {
  public:
   /// A compressor for one tensor of `count` floats (it owns that tensor's residual).
   explicit onebit(std::size_t count, std::size_t chunk = 2048) : chunk_(chunk), residual_(count, 0.0f) {
-    if (chunk == 0) throw usage_error("onebit: chunk must be positive");
+    if (chunk == 0) throw error_on<usage_error>(no_rank, "onebit", "chunk must be positive");
   }
 
   /// Elements of the tensor this compressor serves.
@@ -55,8 +55,8 @@ class onebit {
   /// Encodes x + residual into `out` and keeps the new residual.
   void encode(std::span<const float> x, std::span<std::byte> out) {
     if (x.size() != residual_.size())
-      throw usage_error("onebit::encode: " + std::to_string(x.size()) + " values for a compressor of " +
-                        std::to_string(residual_.size()));
+      throw error_on<usage_error>(no_rank, "onebit::encode", x.size(), " values for a compressor of ",
+                                  residual_.size());
     encode_at(0, x, out);
   }
 
@@ -66,12 +66,12 @@ class onebit {
   /// the tensor.
   void encode_at(std::size_t at, std::span<const float> x, std::span<std::byte> out) {
     if (at % chunk_ != 0 || at > residual_.size() || x.size() > residual_.size() - at)
-      throw usage_error("onebit::encode: elements [" + std::to_string(at) + ", " + std::to_string(at + x.size()) +
-                        ") of a compressor of " + std::to_string(residual_.size()) + " in chunks of " +
-                        std::to_string(chunk_) + " (a piece starts at a chunk and lies in the tensor)");
+      throw error_on<usage_error>(no_rank, "onebit::encode", "elements [", at, ", ", at + x.size(),
+                                  ") of a compressor of ", residual_.size(), " in chunks of ", chunk_,
+                                  " (a piece starts at a chunk and lies in the tensor)");
     if (out.size() < encoded_size(x.size()))
-      throw usage_error("onebit::encode: buffer of " + std::to_string(out.size()) + " bytes, needs " +
-                        std::to_string(encoded_size(x.size())));
+      throw error_on<usage_error>(no_rank, "onebit::encode", "buffer of ", out.size(), " bytes, needs ",
+                                  encoded_size(x.size()));
     // One read-only pass first: x * 0 is NaN exactly for NaN and Inf, so a bad input is refused
     // before the residual changes (8 independent lanes, so it vectorizes).
     constexpr std::size_t lanes = 8;
@@ -112,8 +112,8 @@ class onebit {
   /// Decodes `in` into `out` (+-scale per element).
   void decode(std::span<const std::byte> in, std::span<float> out) const {
     if (in.size() < encoded_size(out.size()))
-      throw usage_error("onebit::decode: buffer of " + std::to_string(in.size()) + " bytes, needs " +
-                        std::to_string(encoded_size(out.size())));
+      throw error_on<usage_error>(no_rank, "onebit::decode", "buffer of ", in.size(), " bytes, needs ",
+                                  encoded_size(out.size()));
     const std::byte* p = in.data();
     for (std::size_t begin = 0; begin < out.size(); begin += chunk_) {
       const std::size_t n = std::min(chunk_, out.size() - begin);
@@ -176,8 +176,8 @@ class onebit {
   [[noreturn]] static void throw_non_finite(std::span<const float> x) {
     std::size_t i = 0;
     while (std::isfinite(x[i])) ++i;
-    throw usage_error("onebit::encode: element " + std::to_string(i) + " is " + std::to_string(x[i]) +
-                      "; 1-bit compression needs finite values");
+    throw error_on<usage_error>(no_rank, "onebit::encode", "element ", i, " is ", std::to_string(x[i]),
+                                "; 1-bit compression needs finite values");
   }
 
   std::size_t chunk_;

@@ -13,7 +13,8 @@
 // Messages carry their context in the text (rank, operation, tensor, file:line) because that text
 // is what reaches a log from a job of 512 ranks; the structured fields are there for code. Every
 // message starts the same way, "[rank R] op: what", and is built by one helper (`error_on`,
-// `error_text`, `on_rank`) so that a log can be grepped by rank and operation whatever layer threw.
+// `error_text`, `on_rank`) so that a log can be grepped by rank and operation whatever layer threw;
+// code with no rank at hand (a pure function, a parser) passes `no_rank` and its message reads "op: what".
 #pragma once
 
 #include <chrono>
@@ -123,6 +124,29 @@ std::string error_text(int rank, std::string_view op, const Parts&... parts) {
 template <class E, class... Parts>
 E error_on(int rank, std::string_view op, const Parts&... parts) {
   return E(error_text(rank, op, parts...));
+}
+
+/// The rank argument of a message thrown where no rank is at hand: a pure function (a codec, a cost
+/// model, a parser), a lookup before any communicator exists. Such a message reads "op: what"; the
+/// caller that knows its rank and catches it may add the rank (e.g. with error_text(rank, "", e.what())).
+struct no_rank_t {
+  explicit constexpr no_rank_t() = default;
+};
+inline constexpr no_rank_t no_rank{};
+
+/// error_text without a rank: "op: what" (`op` followed by ": ", then `parts`).
+template <class... Parts>
+std::string error_text(no_rank_t, std::string_view op, const Parts&... parts) {
+  std::string s(op);
+  if (!op.empty()) s += ": ";
+  (detail::append_part(s, parts), ...);
+  return s;
+}
+
+/// error_on without a rank: `throw error_on<usage_error>(no_rank, "onebit::encode", "chunk must be positive");`
+template <class E, class... Parts>
+E error_on(no_rank_t, std::string_view op, const Parts&... parts) {
+  return E(error_text(no_rank, op, parts...));
 }
 
 /// "rank {1}" or "ranks {0,2,3}": the ranks an error names.

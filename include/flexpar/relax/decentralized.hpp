@@ -48,9 +48,7 @@ inline peer_selection peer_selection_of(std::string_view text) {
   if (text == "all") return peer_selection::all;
   if (text == "shift_one") return peer_selection::shift_one;
   if (text == "ring") return peer_selection::ring;
-  std::string msg("relax: unknown peer selection '");
-  msg.append(text).append("'; known: all, shift_one, ring");
-  throw usage_error(msg);
+  throw error_on<usage_error>(no_rank, "relax", "unknown peer selection '", text, "'; known: all, shift_one, ring");
 }
 
 /// The peer of `rank` in round `round` of shift_one on `p` ranks, or -1 when `rank` sits out

@@ -28,26 +28,12 @@ namespace detail {
 inline void check_apply(const char* who, std::size_t index, std::size_t weight, std::size_t gradient,
                         std::size_t state) {
   if (weight != gradient) {
-    std::string text(who);
-    text.append(": parameter ")
-        .append(std::to_string(index))
-        .append(" has ")
-        .append(std::to_string(weight))
-        .append(" weights but ")
-        .append(std::to_string(gradient))
-        .append(" gradient values; they must have the same length");
-    throw usage_error(text);
+    throw error_on<usage_error>(no_rank, who, "parameter ", index, " has ", weight, " weights but ", gradient,
+                                " gradient values; they must have the same length");
   }
   if (state != weight) {
-    std::string text(who);
-    text.append(": parameter ")
-        .append(std::to_string(index))
-        .append(" has ")
-        .append(std::to_string(weight))
-        .append(" elements now but had ")
-        .append(std::to_string(state))
-        .append(" when its state was made");
-    throw usage_error(text);
+    throw error_on<usage_error>(no_rank, who, "parameter ", index, " has ", weight, " elements now but had ", state,
+                                " when its state was made");
   }
 }
 
@@ -70,8 +56,8 @@ inline std::span<float> checked_slot(const char* who, std::vector<std::vector<fl
                                      std::size_t index, std::size_t n) {
   std::vector<float>& s = slot(state, made, index, n);
   if (s.size() != n)
-    throw usage_error(std::string(who) + ": the state of parameter " + std::to_string(index) + " has " +
-                      std::to_string(s.size()) + " elements; state() was asked for " + std::to_string(n));
+    throw error_on<usage_error>(no_rank, who, "the state of parameter ", index, " has ", s.size(),
+                                " elements; state() was asked for ", n);
   return s;
 }
 }  // namespace detail

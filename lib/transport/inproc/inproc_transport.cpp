@@ -213,7 +213,7 @@ class inproc_transport final : public transport {
 }  // namespace
 
 inproc_world::inproc_world(int size) {
-  if (size < 1) throw usage_error("inproc_world: size must be at least 1, got " + std::to_string(size));
+  if (size < 1) throw error_on<usage_error>(no_rank, "inproc_world", "size must be at least 1, got ", size);
   state_ = std::make_shared<detail::inproc_state>(size);
 }
 inproc_world::~inproc_world() = default;
@@ -222,8 +222,7 @@ int inproc_world::size() const noexcept { return state_->size(); }
 
 std::unique_ptr<transport> inproc_world::make_transport(int rank) {
   if (rank < 0 || rank >= size())
-    throw usage_error("inproc_world::make_transport: rank " + std::to_string(rank) + " outside a world of " +
-                      std::to_string(size()));
+    throw error_on<usage_error>(no_rank, "inproc_world::make_transport", "rank ", rank, " outside a world of ", size());
   return std::make_unique<inproc_transport>(state_, rank);
 }
 
