@@ -33,8 +33,7 @@ std::unique_ptr<relaxation> make(std::string_view name, communicator& comm, cons
   if (name == "onebit_adam") return std::make_unique<onebit_adam>(comm, o.warmup_steps, o.adam, o.onebit_chunk);
   if (name == "qadam") return std::make_unique<qadam>(comm, o.warmup_steps, o.adam, o.chunk);
   if (name == "async_model_average") return std::make_unique<async_model_average>(comm, o.period_ms);
-  std::string text("relax::make: unknown algorithm '");
-  text.append(name).append("'; known:");
+  std::string text = error_text(comm.rank(), "relax::make", "unknown algorithm '", name, "'; known:");
   for (std::string_view n : names) text.append(" ").append(n);
   throw usage_error(text);
 }
