@@ -116,6 +116,50 @@ void check_size(const tensor& t, const sbp::box& b, const char* what) {
   text += " elements); the stage wrote a tensor that is not its box under its layout";
   throw usage_error(text);
 }
+
+// The ports of stage j on mesh index i, whichever actor types its position gives it.
+struct ports {
+  in<tensor>* activation = nullptr;  // F's input (j > 0)
+  stash_out* x = nullptr;            // F's outputs
+  stash_out* y = nullptr;
+  in<tensor>* bx = nullptr;  // B's inputs
+  in<tensor>* by = nullptr;
+  in<tensor>* bg = nullptr;  // (not on the last stage)
+  stash_out* gx = nullptr;   // B's output (j > 0)
+  detail::actor_node* f = nullptr;
+  detail::actor_node* b = nullptr;
+};
+// By stage, then by mesh index: every stage's ports on every rank (each rank builds the whole graph).
+using port_table = std::vector<std::vector<ports>>;
+
+// One boundary crossed in one direction (stage j -> j + 1 forward, j + 1 -> j backward): its pieces,
+// the meshes and layouts on both sides, and which pieces each source sends and each destination takes.
+struct crossing {
+  int j;
+  bool backward;
+  std::vector<transfer> moves;
+  const mesh_of_stage* from;
+  const mesh_of_stage* to;
+  const sbp::nd_parallel* from_layout;
+  const sbp::nd_parallel* to_layout;
+  const sbp::shape_t* shape;                           // null: the pipeline has no shapes
+  std::vector<std::vector<std::size_t>> out_of, into;  // per source, per destination: indices into moves
+
+  [[nodiscard]] sbp::box from_box(std::size_t i) const {
+    return shape ? from->box(*shape, *from_layout, i) : sbp::box{};
+  }
+  [[nodiscard]] sbp::box to_box(std::size_t k) const { return shape ? to->box(*shape, *to_layout, k) : sbp::box{}; }
+  // Source i's output that carries the crossing: the gradient of stage j + 1, or the activation of j.
+  [[nodiscard]] stash_out& source_port(port_table& at, std::size_t i) const {
+    ports& pt = at[static_cast<std::size_t>(backward ? j + 1 : j)][i];
+    return backward ? *pt.gx : *pt.y;
+  }
+  // Destination k's input that takes it.
+  [[nodiscard]] in<tensor>& target_port(port_table& at, std::size_t k) const {
+    ports& pt = at[static_cast<std::size_t>(backward ? j : j + 1)][k];
+    return backward ? *pt.bg : *pt.activation;
+  }
+};
 }  // namespace
 
 struct pipeline::state {
@@ -175,6 +219,19 @@ struct pipeline_step::state {
   const pipeline::state* pipe;
   std::vector<stage_record> local;  // in the order of pipe->local
   std::vector<float> losses;
+
+  // make_step's parts, in the order it runs them (pipeline.cpp, after the pipeline's accessors).
+  void add_records();
+  [[nodiscard]] port_table add_stage_actors();
+  void add_forward(ports& pt, int rank, const std::string& label, stage_record* rec, const pipeline_stage* sp,
+                   bool first);
+  void add_backward(ports& pt, int rank, std::string label, stage_record* rec, const pipeline_stage* sp, bool first,
+                    bool last);
+  void order_streams(const port_table& at);
+  void connect_stashes(port_table& at);
+  [[nodiscard]] crossing plan_crossing(int j, bool backward) const;
+  [[nodiscard]] std::vector<stash_out*> add_splits(port_table& at, const crossing& c);
+  void add_gathers(port_table& at, const crossing& c, const std::vector<stash_out*>& piece_port);
 
   stage_record* record_of(int j) {
     for (auto& r : local)
@@ -451,41 +508,31 @@ int pipeline::micro_batches() const noexcept { return s_->micro_batches; }
 pipeline_schedule pipeline::schedule() const noexcept { return s_->schedule; }
 const std::vector<std::size_t>& pipeline::stash() const noexcept { return s_->stash; }
 
-pipeline_step pipeline::make_step() {
-  if (s_->broken) {
-    throw error_on<usage_error>(s_->comm->rank(), "pipeline",
-                                "an earlier step failed; its edges may hold half-delivered messages, so this "
-                                "pipeline runs no more steps (build a new one)");
-  }
-  const state& p = *s_;
-  auto step = std::make_unique<pipeline_step::state>(p);
-  pipeline_step::state* st = step.get();
-  actor_graph& g = st->graph;
-  const int count = stages();
-  const int m = p.micro_batches;
-  const int me = p.comm->rank();
-  st->losses.assign(p.index_in(count - 1) >= 0 ? static_cast<std::size_t>(m) : 0, 0.0f);
+// ---- make_step's parts, in the order it runs them -------------------------------------------------
+// Every rank builds the whole graph, in the same order: cross-rank edges are numbered by it.
+
+// Step 1: a record per local stage (its timeline track, its busy time), and a loss slot per
+// micro-batch on the last stage's ranks.
+void pipeline_step::state::add_records() {
+  const pipeline::state& p = *pipe;
+  const int count = p.count();
+  losses.assign(p.index_in(count - 1) >= 0 ? static_cast<std::size_t>(p.micro_batches) : 0, 0.0f);
   for (int j : p.local) {
     std::string track = "stage ";
     track += std::to_string(j);
     track += ": ";
     track += p.stages[static_cast<std::size_t>(j)].label;
-    st->local.push_back({j, nullptr, 0.0, std::move(track)});
+    local.push_back({j, nullptr, 0.0, std::move(track)});
   }
+}
 
-  // The ports of stage j on mesh index i, whichever actor types its position gives it.
-  struct ports {
-    in<tensor>* activation = nullptr;  // F's input (j > 0)
-    stash_out* x = nullptr;            // F's outputs
-    stash_out* y = nullptr;
-    in<tensor>* bx = nullptr;  // B's inputs
-    in<tensor>* by = nullptr;
-    in<tensor>* bg = nullptr;  // (not on the last stage)
-    stash_out* gx = nullptr;   // B's output (j > 0)
-    detail::actor_node* f = nullptr;
-    detail::actor_node* b = nullptr;
-  };
-  std::vector<std::vector<ports>> at(static_cast<std::size_t>(count));
+// Step 2: each stage's forward (F) and backward (B) actor on each rank of its mesh, on the stage
+// group's stream, with the schedule's priorities; returns their ports.
+port_table pipeline_step::state::add_stage_actors() {
+  const pipeline::state& p = *pipe;
+  const int count = p.count();
+  const int me = p.comm->rank();
+  port_table at(static_cast<std::size_t>(count));
   for (int j = 0; j < count; ++j) {
     const mesh_of_stage& mesh = p.meshes[static_cast<std::size_t>(j)];
     const pipeline_stage& stage = p.stages[static_cast<std::size_t>(j)];
@@ -495,80 +542,15 @@ pipeline_step pipeline::make_step() {
     for (std::size_t i = 0; i < mesh.ranks.size(); ++i) {
       const int rank = mesh.ranks[i];
       ports& pt = at[static_cast<std::size_t>(j)][i];
-      pipeline_step::state::stage_record* rec = rank == me ? st->record_of(j) : nullptr;
+      stage_record* rec = rank == me ? record_of(j) : nullptr;
       const pipeline_stage* sp = &stage;
       std::string label = stage.label;
       if (mesh.ranks.size() > 1) label += "@" + std::to_string(rank);
 
-      if (first) {
-        auto& a = g.add_actor<stash_out, stash_out>(rank, label + ".forward",
-                                                    [st, rec, sp, m, i = 0](tensor& x, tensor& y) mutable {
-                                                      st->pipe->input(i, x);
-                                                      st->timed(*rec, "F", i, [&] { sp->forward(i, x, y); });
-                                                      return ++i == m ? fire_result::last : fire_result::emit;
-                                                    });
-        pt.x = &a.output<0>();
-        pt.y = &a.output<1>();
-        pt.f = &a;
-      } else {
-        auto& a = g.add_actor<in<tensor>, stash_out, stash_out>(
-            rank, label + ".forward", [st, rec, sp, i = 0](const tensor& in, tensor& x, tensor& y) mutable {
-              x = in;
-              st->timed(*rec, "F", i, [&] { sp->forward(i, x, y); });
-              ++i;
-            });
-        pt.activation = &a.input<0>();
-        pt.x = &a.output<0>();
-        pt.y = &a.output<1>();
-        pt.f = &a;
-      }
+      add_forward(pt, rank, label, rec, sp, first);
       pt.x->set_register_count(k);
       pt.y->set_register_count(k);
-
-      // B: the last stage's takes its gradient from the loss function.
-      auto backward = [st, rec, sp, last, i = 0, g_loss = tensor{}, g_scratch = tensor{}](
-                          const tensor& x, const tensor& y, const tensor* gy, tensor* gx) mutable {
-        if (last) {
-          st->timed(*rec, "L", i, [&] { st->losses[static_cast<std::size_t>(i)] = st->pipe->loss(i, y, g_loss); });
-          gy = &g_loss;
-        }
-        st->timed(*rec, "B", i, [&] { sp->backward(i, x, y, *gy, gx ? *gx : g_scratch); });
-        ++i;
-      };
-      label += ".backward";
-      if (last && first) {
-        auto& a = g.add_actor<in<tensor>, in<tensor>>(
-            rank, label, [backward](const tensor& x, const tensor& y) mutable { backward(x, y, nullptr, nullptr); });
-        pt.bx = &a.input<0>();
-        pt.by = &a.input<1>();
-        pt.b = &a;
-      } else if (last) {
-        auto& a = g.add_actor<in<tensor>, in<tensor>, stash_out>(
-            rank, label,
-            [backward](const tensor& x, const tensor& y, tensor& gx) mutable { backward(x, y, nullptr, &gx); });
-        pt.bx = &a.input<0>();
-        pt.by = &a.input<1>();
-        pt.gx = &a.output<0>();
-        pt.b = &a;
-      } else if (first) {
-        auto& a = g.add_actor<in<tensor>, in<tensor>, in<tensor>>(
-            rank, label,
-            [backward](const tensor& x, const tensor& y, const tensor& gy) mutable { backward(x, y, &gy, nullptr); });
-        pt.bx = &a.input<0>();
-        pt.by = &a.input<1>();
-        pt.bg = &a.input<2>();
-        pt.b = &a;
-      } else {
-        auto& a = g.add_actor<in<tensor>, in<tensor>, in<tensor>, stash_out>(
-            rank, label, [backward](const tensor& x, const tensor& y, const tensor& gy, tensor& gx) mutable {
-              backward(x, y, &gy, &gx);
-            });
-        pt.bx = &a.input<0>();
-        pt.by = &a.input<1>();
-        pt.bg = &a.input<2>();
-        pt.gx = &a.output<0>();
-        pt.b = &a;
-      }
+      add_backward(pt, rank, label + ".backward", rec, sp, first, last);
       if (pt.gx) pt.gx->set_register_count(p.gradient_registers);
       if (rec) rec->x = pt.x;
       // One stream per device group; its actors fire in the unit-time machine's order if fixed.
@@ -578,124 +560,243 @@ pipeline_step pipeline::make_step() {
       pt.b->set_priority(priority_of(p.schedule, true));
     }
   }
-  if (p.fixed) {  // each local group's actors in the recorded order
-    std::vector<int> groups;
-    for (int j : p.local) {
-      const int group = p.meshes[static_cast<std::size_t>(j)].group;
-      if (std::find(groups.begin(), groups.end(), group) != groups.end()) continue;
-      groups.push_back(group);
-      std::vector<detail::actor_node*> order;
-      for (int firing : p.order[static_cast<std::size_t>(group)]) {
-        const int j2 = firing / 2;
-        const ports& pt = at[static_cast<std::size_t>(j2)][static_cast<std::size_t>(p.index_in(j2))];
-        order.push_back(firing % 2 == 0 ? pt.f : pt.b);
-      }
-      g.set_stream_order(group, std::move(order));
-    }
-  }
+  return at;
+}
 
-  // Every rank connects in the same order (cross-rank edges are numbered by it): each stage's stash,
-  // then each boundary's pieces forward and backward.
-  for (int j = 0; j < count; ++j) {
-    for (ports& pt : at[static_cast<std::size_t>(j)]) {
-      g.connect(*pt.x, *pt.bx);
-      g.connect(*pt.y, *pt.by);
+// F of one stage on one rank: the first stage's takes its micro-batch from the input function, the
+// others' from the activation port; each stashes its input and output (x, y) for B.
+void pipeline_step::state::add_forward(ports& pt, int rank, const std::string& label, stage_record* rec,
+                                       const pipeline_stage* sp, bool first) {
+  actor_graph& g = graph;
+  state* st = this;
+  const int m = pipe->micro_batches;
+  if (first) {
+    auto& a = g.add_actor<stash_out, stash_out>(rank, label + ".forward",
+                                                [st, rec, sp, m, i = 0](tensor& x, tensor& y) mutable {
+                                                  st->pipe->input(i, x);
+                                                  st->timed(*rec, "F", i, [&] { sp->forward(i, x, y); });
+                                                  return ++i == m ? fire_result::last : fire_result::emit;
+                                                });
+    pt.x = &a.output<0>();
+    pt.y = &a.output<1>();
+    pt.f = &a;
+  } else {
+    auto& a = g.add_actor<in<tensor>, stash_out, stash_out>(
+        rank, label + ".forward", [st, rec, sp, i = 0](const tensor& in, tensor& x, tensor& y) mutable {
+          x = in;
+          st->timed(*rec, "F", i, [&] { sp->forward(i, x, y); });
+          ++i;
+        });
+    pt.activation = &a.input<0>();
+    pt.x = &a.output<0>();
+    pt.y = &a.output<1>();
+    pt.f = &a;
+  }
+}
+
+// B of one stage on one rank: its ports by position (the last stage's takes its gradient from the
+// loss function; the first stage's sends none back).
+void pipeline_step::state::add_backward(ports& pt, int rank, std::string label, stage_record* rec,
+                                        const pipeline_stage* sp, bool first, bool last) {
+  actor_graph& g = graph;
+  state* st = this;
+  auto backward = [st, rec, sp, last, i = 0, g_loss = tensor{}, g_scratch = tensor{}](
+                      const tensor& x, const tensor& y, const tensor* gy, tensor* gx) mutable {
+    if (last) {
+      st->timed(*rec, "L", i, [&] { st->losses[static_cast<std::size_t>(i)] = st->pipe->loss(i, y, g_loss); });
+      gy = &g_loss;
+    }
+    st->timed(*rec, "B", i, [&] { sp->backward(i, x, y, *gy, gx ? *gx : g_scratch); });
+    ++i;
+  };
+  if (last && first) {
+    auto& a = g.add_actor<in<tensor>, in<tensor>>(
+        rank, label, [backward](const tensor& x, const tensor& y) mutable { backward(x, y, nullptr, nullptr); });
+    pt.bx = &a.input<0>();
+    pt.by = &a.input<1>();
+    pt.b = &a;
+  } else if (last) {
+    auto& a = g.add_actor<in<tensor>, in<tensor>, stash_out>(
+        rank, label,
+        [backward](const tensor& x, const tensor& y, tensor& gx) mutable { backward(x, y, nullptr, &gx); });
+    pt.bx = &a.input<0>();
+    pt.by = &a.input<1>();
+    pt.gx = &a.output<0>();
+    pt.b = &a;
+  } else if (first) {
+    auto& a = g.add_actor<in<tensor>, in<tensor>, in<tensor>>(
+        rank, label,
+        [backward](const tensor& x, const tensor& y, const tensor& gy) mutable { backward(x, y, &gy, nullptr); });
+    pt.bx = &a.input<0>();
+    pt.by = &a.input<1>();
+    pt.bg = &a.input<2>();
+    pt.b = &a;
+  } else {
+    auto& a = g.add_actor<in<tensor>, in<tensor>, in<tensor>, stash_out>(
+        rank, label, [backward](const tensor& x, const tensor& y, const tensor& gy, tensor& gx) mutable {
+          backward(x, y, &gy, &gx);
+        });
+    pt.bx = &a.input<0>();
+    pt.by = &a.input<1>();
+    pt.bg = &a.input<2>();
+    pt.gx = &a.output<0>();
+    pt.b = &a;
+  }
+}
+
+// Step 3 (a fixed order only): each local group's actors fire in the recorded order.
+void pipeline_step::state::order_streams(const port_table& at) {
+  const pipeline::state& p = *pipe;
+  std::vector<int> groups;
+  for (int j : p.local) {
+    const int group = p.meshes[static_cast<std::size_t>(j)].group;
+    if (std::find(groups.begin(), groups.end(), group) != groups.end()) continue;
+    groups.push_back(group);
+    std::vector<detail::actor_node*> order;
+    for (int firing : p.order[static_cast<std::size_t>(group)]) {
+      const int j2 = firing / 2;
+      const ports& pt = at[static_cast<std::size_t>(j2)][static_cast<std::size_t>(p.index_in(j2))];
+      order.push_back(firing % 2 == 0 ? pt.f : pt.b);
+    }
+    graph.set_stream_order(group, std::move(order));
+  }
+}
+
+// Step 4: each stage's stash, F's (x, y) into B.
+void pipeline_step::state::connect_stashes(port_table& at) {
+  for (auto& stage : at) {
+    for (ports& pt : stage) {
+      graph.connect(*pt.x, *pt.bx);
+      graph.connect(*pt.y, *pt.by);
     }
   }
-  for (int j = 0; j + 1 < count; ++j) {
-    const mesh_of_stage& a = p.meshes[static_cast<std::size_t>(j)];
-    const mesh_of_stage& c = p.meshes[static_cast<std::size_t>(j + 1)];
-    const sbp::shape_t* shape = p.shapes.empty() ? nullptr : &p.shapes[static_cast<std::size_t>(j)];
+}
+
+// Step 5, for each boundary and direction: its pieces, sources and destinations (plan_crossing), the
+// sources' split actors (add_splits), the destinations' gather actors and the edges (add_gathers).
+crossing pipeline_step::state::plan_crossing(int j, bool backward) const {
+  const pipeline::state& p = *pipe;
+  const mesh_of_stage& a = p.meshes[static_cast<std::size_t>(j)];
+  const mesh_of_stage& c = p.meshes[static_cast<std::size_t>(j + 1)];
+  crossing x{j,
+             backward,
+             p.transfers(j, backward),
+             backward ? &c : &a,
+             backward ? &a : &c,
+             backward ? &c.input : &a.output,
+             backward ? &a.output : &c.input,
+             p.shapes.empty() ? nullptr : &p.shapes[static_cast<std::size_t>(j)],
+             {},
+             {}};
+  // Per source: its pieces; per destination: the pieces it takes (both in `moves` order).
+  x.out_of.resize(x.from->ranks.size());
+  x.into.resize(x.to->ranks.size());
+  for (std::size_t t = 0; t < x.moves.size(); ++t) {
+    x.out_of[x.moves[t].src].push_back(t);
+    x.into[x.moves[t].dst].push_back(t);
+  }
+  return x;
+}
+
+// A source whose one piece is its whole box sends its output as it is; else a split actor on its rank
+// cuts the pieces. Returns the port each piece leaves from.
+std::vector<stash_out*> pipeline_step::state::add_splits(port_table& at, const crossing& c) {
+  const auto& moves = c.moves;
+  const mesh_of_stage& from = *c.from;
+  std::vector<stash_out*> piece_port(moves.size(), nullptr);
+  for (std::size_t i = 0; i < from.ranks.size(); ++i) {
+    const auto& ts = c.out_of[i];
+    if (ts.empty()) continue;
+    const sbp::box whole = c.from_box(i);
+    if (ts.size() == 1 && (!c.shape || same_box(moves[ts[0]].piece, whole))) {
+      piece_port[ts[0]] = &c.source_port(at, i);
+      continue;
+    }
+    std::vector<sbp::box> pieces;
+    for (std::size_t t : ts) pieces.push_back(moves[t].piece);
+    std::string label = (c.backward ? "split gradient " : "split activation ") + std::to_string(c.j) + "@" +
+                        std::to_string(from.ranks[i]);
+    auto& split = graph.add_dynamic_actor<tensor>(
+        from.ranks[i], label, 1, ts.size(),
+        [whole, pieces](std::span<const tensor* const> in, std::span<tensor* const> out) {
+          const tensor& src = *in[0];
+          check_size(src, whole, "split");
+          for (std::size_t t = 0; t < out.size(); ++t) {
+            out[t]->resize(pieces[t].elements());
+            sbp::copy_box(std::span<const float>(src), whole.extent, sbp::relative(pieces[t].offset, whole.offset),
+                          std::span<float>(*out[t]), pieces[t].extent, sbp::shape_t(whole.extent.size(), 0),
+                          pieces[t].extent);
+          }
+          return fire_result::emit;
+        });
+    for (std::size_t u = 0; u < ts.size(); ++u) {
+      split.output(u).set_register_count(2);
+      piece_port[ts[u]] = &split.output(u);
+    }
+    graph.connect(c.source_port(at, i), split.input(0));
+  }
+  return piece_port;
+}
+
+// A destination whose one piece is its whole box takes it as it is; else a gather actor on its rank
+// places the pieces (forward) or adds them, in source order (backward: partial sums).
+void pipeline_step::state::add_gathers(port_table& at, const crossing& c, const std::vector<stash_out*>& piece_port) {
+  const bool backward = c.backward;
+  const auto& moves = c.moves;
+  const mesh_of_stage& to = *c.to;
+  for (std::size_t k = 0; k < to.ranks.size(); ++k) {
+    const auto& ts = c.into[k];
+    const sbp::box whole = c.to_box(k);
+    if (ts.size() == 1 && (!c.shape || same_box(moves[ts[0]].piece, whole))) {
+      graph.connect(*piece_port[ts[0]], c.target_port(at, k));
+      continue;
+    }
+    std::vector<sbp::box> pieces;
+    for (std::size_t t : ts) pieces.push_back(moves[t].piece);
+    std::string label =
+        (backward ? "sum gradient " : "gather activation ") + std::to_string(c.j) + "@" + std::to_string(to.ranks[k]);
+    auto& gather = graph.add_dynamic_actor<tensor>(
+        to.ranks[k], label, ts.size(), 1,
+        [whole, pieces, backward](std::span<const tensor* const> in, std::span<tensor* const> out) {
+          tensor& dst = *out[0];
+          dst.assign(whole.elements(), 0.0f);
+          for (std::size_t u = 0; u < in.size(); ++u) {
+            check_size(*in[u], pieces[u], backward ? "sum" : "gather");
+            if (backward)
+              add_box(in[u]->data(), dst.data(), whole.extent, sbp::relative(pieces[u].offset, whole.offset),
+                      pieces[u].extent);
+            else
+              sbp::copy_box(std::span<const float>(*in[u]), pieces[u].extent, sbp::shape_t(whole.extent.size(), 0),
+                            std::span<float>(dst), whole.extent, sbp::relative(pieces[u].offset, whole.offset),
+                            pieces[u].extent);
+          }
+          return fire_result::emit;
+        });
+    gather.output(0).set_register_count(backward ? pipe->gradient_registers : 2);
+    for (std::size_t u = 0; u < ts.size(); ++u) graph.connect(*piece_port[ts[u]], gather.input(u));
+    graph.connect(gather.output(0), c.target_port(at, k));
+  }
+}
+
+// The step's graph, built in named steps (above): records, actors, their order (if fixed), the
+// stashes' edges, then each boundary's pieces forward and backward.
+pipeline_step pipeline::make_step() {
+  if (s_->broken) {
+    throw error_on<usage_error>(s_->comm->rank(), "pipeline",
+                                "an earlier step failed; its edges may hold half-delivered messages, so this "
+                                "pipeline runs no more steps (build a new one)");
+  }
+  auto step = std::make_unique<pipeline_step::state>(*s_);
+  pipeline_step::state& st = *step;
+  st.add_records();                         // step 1
+  port_table at = st.add_stage_actors();    // step 2
+  if (s_->fixed) st.order_streams(at);      // step 3
+  st.connect_stashes(at);                   // step 4
+  for (int j = 0; j + 1 < stages(); ++j) {  // step 5
     for (bool backward : {false, true}) {
-      const std::vector<transfer> moves = p.transfers(j, backward);
-      const mesh_of_stage& from = backward ? c : a;
-      const mesh_of_stage& to = backward ? a : c;
-      const sbp::nd_parallel& from_layout = backward ? c.input : a.output;
-      const sbp::nd_parallel& to_layout = backward ? a.output : c.input;
-      auto from_box = [&](std::size_t i) { return shape ? from.box(*shape, from_layout, i) : sbp::box{}; };
-      auto to_box = [&](std::size_t k) { return shape ? to.box(*shape, to_layout, k) : sbp::box{}; };
-      // Per source: its pieces; per destination: the pieces it takes (both in `moves` order).
-      std::vector<std::vector<std::size_t>> out_of(from.ranks.size()), into(to.ranks.size());
-      for (std::size_t t = 0; t < moves.size(); ++t) {
-        out_of[moves[t].src].push_back(t);
-        into[moves[t].dst].push_back(t);
-      }
-      auto source_port = [&](std::size_t i) -> stash_out& {
-        ports& pt = at[static_cast<std::size_t>(backward ? j + 1 : j)][i];
-        return backward ? *pt.gx : *pt.y;
-      };
-      auto target_port = [&](std::size_t k) -> in<tensor>& {
-        ports& pt = at[static_cast<std::size_t>(backward ? j : j + 1)][k];
-        return backward ? *pt.bg : *pt.activation;
-      };
-      // A source whose one piece is its whole box sends its output as it is; else a split actor on
-      // its rank cuts the pieces.
-      std::vector<stash_out*> piece_port(moves.size(), nullptr);
-      for (std::size_t i = 0; i < from.ranks.size(); ++i) {
-        const auto& ts = out_of[i];
-        if (ts.empty()) continue;
-        const sbp::box whole = from_box(i);
-        if (ts.size() == 1 && (!shape || same_box(moves[ts[0]].piece, whole))) {
-          piece_port[ts[0]] = &source_port(i);
-          continue;
-        }
-        std::vector<sbp::box> pieces;
-        for (std::size_t t : ts) pieces.push_back(moves[t].piece);
-        std::string label = (backward ? "split gradient " : "split activation ") + std::to_string(j) + "@" +
-                            std::to_string(from.ranks[i]);
-        auto& split = g.add_dynamic_actor<tensor>(
-            from.ranks[i], label, 1, ts.size(),
-            [whole, pieces](std::span<const tensor* const> in, std::span<tensor* const> out) {
-              const tensor& src = *in[0];
-              check_size(src, whole, "split");
-              for (std::size_t t = 0; t < out.size(); ++t) {
-                out[t]->resize(pieces[t].elements());
-                sbp::copy_box(std::span<const float>(src), whole.extent, sbp::relative(pieces[t].offset, whole.offset),
-                              std::span<float>(*out[t]), pieces[t].extent, sbp::shape_t(whole.extent.size(), 0),
-                              pieces[t].extent);
-              }
-              return fire_result::emit;
-            });
-        for (std::size_t u = 0; u < ts.size(); ++u) {
-          split.output(u).set_register_count(2);
-          piece_port[ts[u]] = &split.output(u);
-        }
-        g.connect(source_port(i), split.input(0));
-      }
-      // A destination whose one piece is its whole box takes it as it is; else a gather actor on its
-      // rank places the pieces (forward) or adds them, in source order (backward: partial sums).
-      for (std::size_t k = 0; k < to.ranks.size(); ++k) {
-        const auto& ts = into[k];
-        const sbp::box whole = to_box(k);
-        if (ts.size() == 1 && (!shape || same_box(moves[ts[0]].piece, whole))) {
-          g.connect(*piece_port[ts[0]], target_port(k));
-          continue;
-        }
-        std::vector<sbp::box> pieces;
-        for (std::size_t t : ts) pieces.push_back(moves[t].piece);
-        std::string label =
-            (backward ? "sum gradient " : "gather activation ") + std::to_string(j) + "@" + std::to_string(to.ranks[k]);
-        auto& gather = g.add_dynamic_actor<tensor>(
-            to.ranks[k], label, ts.size(), 1,
-            [whole, pieces, backward](std::span<const tensor* const> in, std::span<tensor* const> out) {
-              tensor& dst = *out[0];
-              dst.assign(whole.elements(), 0.0f);
-              for (std::size_t u = 0; u < in.size(); ++u) {
-                check_size(*in[u], pieces[u], backward ? "sum" : "gather");
-                if (backward)
-                  add_box(in[u]->data(), dst.data(), whole.extent, sbp::relative(pieces[u].offset, whole.offset),
-                          pieces[u].extent);
-                else
-                  sbp::copy_box(std::span<const float>(*in[u]), pieces[u].extent, sbp::shape_t(whole.extent.size(), 0),
-                                std::span<float>(dst), whole.extent, sbp::relative(pieces[u].offset, whole.offset),
-                                pieces[u].extent);
-              }
-              return fire_result::emit;
-            });
-        gather.output(0).set_register_count(backward ? p.gradient_registers : 2);
-        for (std::size_t u = 0; u < ts.size(); ++u) g.connect(*piece_port[ts[u]], gather.input(u));
-        g.connect(gather.output(0), target_port(k));
-      }
+      const crossing c = st.plan_crossing(j, backward);
+      const std::vector<stash_out*> piece_port = st.add_splits(at, c);
+      st.add_gathers(at, c, piece_port);
     }
   }
   return pipeline_step(std::move(step));
