@@ -56,15 +56,15 @@ const std::map<std::string, collective> collective_names{
     {"allgather", collective::allgather}, {"broadcast", collective::broadcast},
     {"reduce", collective::reduce},       {"alltoall", collective::alltoall}};
 
-const std::map<std::string, algorithm> algorithm_names{{"automatic", algorithm::automatic},
-                                                       {"ring", algorithm::ring},
-                                                       {"halving_doubling", algorithm::halving_doubling},
-                                                       {"hierarchical", algorithm::hierarchical},
-                                                       {"shared_memory", algorithm::shared_memory},
-                                                       {"recursive_doubling", algorithm::recursive_doubling},
-                                                       {"chain", algorithm::chain},
-                                                       {"binomial_tree", algorithm::binomial_tree},
-                                                       {"pairwise", algorithm::pairwise}};
+// The collectives' algorithms this bench measures, by their names in collective/algorithm.hpp.
+const std::map<std::string, algorithm> algorithm_names = [] {
+  std::map<std::string, algorithm> by_name;
+  for (algorithm a : {algorithm::automatic, algorithm::ring, algorithm::halving_doubling, algorithm::hierarchical,
+                      algorithm::shared_memory, algorithm::recursive_doubling, algorithm::chain,
+                      algorithm::binomial_tree, algorithm::pairwise})
+    by_name.emplace(name_of(a), a);
+  return by_name;
+}();
 
 std::string name_of(collective c) {
   for (const auto& [name, value] : collective_names)

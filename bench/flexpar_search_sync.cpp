@@ -27,13 +27,11 @@
 namespace {
 
 using namespace flexpar::search;
+using flexpar::algorithm;
 
-constexpr allreduce_algorithm algorithms[] = {allreduce_algorithm::ring,
-                                              allreduce_algorithm::hierarchical,
-                                              allreduce_algorithm::bytegrad,
-                                              allreduce_algorithm::onebit_adam,
-                                              allreduce_algorithm::decentralized_shift_one,
-                                              allreduce_algorithm::low_precision_decentralized};
+constexpr algorithm algorithms[] = {algorithm::ring,          algorithm::hierarchical,
+                                    algorithm::bytegrad,      algorithm::onebit_adam,
+                                    algorithm::decentralized, algorithm::low_precision_decentralized};
 constexpr sync_policy policies[] = {sync_policy::exact, sync_policy::compressed, sync_policy::relaxed};
 constexpr double gradient_bytes = 25.0 * 1024 * 1024;  // doc/relaxations.md's synthetic model
 constexpr double gbit = 125e6;                         // 1 Gbit/s in bytes per second
@@ -66,13 +64,13 @@ void fail(const std::string& what) {
 
 void choice_table(const std::vector<network>& nets) {
   std::printf("\n#### 25 MiB gradient over every device: seconds per algorithm, choice per policy\n\n| network |");
-  for (allreduce_algorithm a : algorithms) std::printf(" %s ms |", std::string(name_of(a)).c_str());
+  for (algorithm a : algorithms) std::printf(" %s ms |", std::string(name_of(a)).c_str());
   std::printf(" exact | compressed | relaxed |\n|---|");
   for (std::size_t k = 0; k < std::size(algorithms) + 3; ++k) std::printf("---|");
   std::printf("\n");
   for (const network& n : nets) {
     std::printf("| %s |", n.name.c_str());
-    for (allreduce_algorithm a : algorithms) {
+    for (algorithm a : algorithms) {
       const double t = sync_seconds(a, whole(n.c), gradient_bytes, n.c);
       if (std::isinf(t))
         std::printf(" — |");
@@ -80,9 +78,9 @@ void choice_table(const std::vector<network>& nets) {
         std::printf(" %.2f |", t * 1e3);
     }
     for (sync_policy p : policies) {
-      allreduce_algorithm best = allreduce_algorithm::ring;
+      algorithm best = algorithm::ring;
       double best_t = 1e300;
-      for (allreduce_algorithm a : algorithms) {
+      for (algorithm a : algorithms) {
         const double t = sync_seconds(a, whole(n.c), gradient_bytes, n.c);
         if (policy_of(a) <= p && t < best_t) {
           best_t = t;
@@ -159,8 +157,8 @@ void fake_host_table(const cluster& here) {
   for (int hosts : {2, 4}) {
     const cluster c = cpu_hosts(hosts, gbit, here);
     const double update = c.kernel_latency + 4.0 * gradient_bytes / c.memory_bandwidth;  // as the simulator's
-    const double ring = sync_seconds(allreduce_algorithm::ring, whole(c), gradient_bytes, c) + update;
-    for (allreduce_algorithm a : algorithms) {
+    const double ring = sync_seconds(algorithm::ring, whole(c), gradient_bytes, c) + update;
+    for (algorithm a : algorithms) {
       const double t = sync_seconds(a, whole(c), gradient_bytes, c);
       if (std::isinf(t)) continue;
       std::printf("| %d @1 Gbit/s | %s | %.1f | %.2fx |\n", hosts, std::string(name_of(a)).c_str(), (t + update) * 1e3,

@@ -22,19 +22,6 @@ using sbp::nd_parallel;
 using sbp::parallel;
 using sbp::shape_t;
 
-std::string_view name_of(allreduce_algorithm a) noexcept {
-  switch (a) {
-    case allreduce_algorithm::none: return "none";
-    case allreduce_algorithm::ring: return "ring";
-    case allreduce_algorithm::hierarchical: return "hierarchical";
-    case allreduce_algorithm::bytegrad: return "bytegrad";
-    case allreduce_algorithm::onebit_adam: return "onebit_adam";
-    case allreduce_algorithm::decentralized_shift_one: return "decentralized_shift_one";
-    case allreduce_algorithm::low_precision_decentralized: return "low_precision_decentralized";
-  }
-  return "?";
-}
-
 std::string_view name_of(sync_policy p) noexcept {
   switch (p) {
     case sync_policy::exact: return "exact";
@@ -52,49 +39,49 @@ sync_policy sync_policy_from(std::string_view name) {
   throw usage_error(msg);
 }
 
-sync_policy policy_of(allreduce_algorithm a) noexcept {
+sync_policy policy_of(algorithm a) noexcept {
   switch (a) {
-    case allreduce_algorithm::none:
-    case allreduce_algorithm::ring:
-    case allreduce_algorithm::hierarchical: return sync_policy::exact;
-    case allreduce_algorithm::bytegrad: return sync_policy::compressed;
-    case allreduce_algorithm::onebit_adam:
-    case allreduce_algorithm::decentralized_shift_one:
-    case allreduce_algorithm::low_precision_decentralized: return sync_policy::relaxed;
+    case algorithm::bytegrad: return sync_policy::compressed;
+    case algorithm::onebit_adam:
+    case algorithm::decentralized:
+    case algorithm::low_precision_decentralized:
+    case algorithm::qadam:
+    case algorithm::async_model_average:
+    case algorithm::local_sgd: return sync_policy::relaxed;
+    default: return sync_policy::exact;  // none, the collectives' algorithms, gradient_allreduce
   }
-  return sync_policy::relaxed;
 }
 
-double sync_seconds(allreduce_algorithm a, const sync_group& grp, double bytes, const cluster& c) {
+double sync_seconds(algorithm a, const sync_group& grp, double bytes, const cluster& c) {
   const int p = grp.ranks;
-  if (p <= 1 || a == allreduce_algorithm::none) return 0;
+  if (p <= 1 || a == algorithm::none) return 0;
   const cost_params m = c.params(grp.nodes > 1);
   const compression_rates& z = c.compression;
   const double share = 1.0 + 1.0 / p;  // encode: every partition once, then my reduced one
   const double bucket = 4 * bytes;     // the relaxations fuse the tensors into one bucket and back (2 copies)
   switch (a) {
-    case allreduce_algorithm::none: return 0;
-    case allreduce_algorithm::ring: return allreduce_ring_cost(p, bytes).seconds(m);
-    case allreduce_algorithm::hierarchical:
+    case algorithm::none: return 0;
+    case algorithm::ring: return allreduce_ring_cost(p, bytes).seconds(m);
+    case algorithm::hierarchical:
       if (grp.nodes <= 1 || grp.per_node <= 1) return std::numeric_limits<double>::infinity();
       return allreduce_hierarchical_cost(grp.per_node, grp.nodes, bytes, m).seconds(m);
-    case allreduce_algorithm::bytegrad:  // alltoall + allgather of min-max uint8 partitions (compressed_average)
+    case algorithm::bytegrad:  // alltoall + allgather of min-max uint8 partitions (compressed_average)
       return cost{2.0 * (p - 1), relax::bytegrad::wire_bytes(bytes, p), bytes + bucket}.seconds(m) +
              share * bytes / z.minmax_encode + 2 * bytes / z.minmax_decode;
-    case allreduce_algorithm::onebit_adam:  // the same pattern with the 1-bit codec, and its own Adam passes
+    case algorithm::onebit_adam:  // the same pattern with the 1-bit codec, and its own Adam passes
       return cost{2.0 * (p - 1), relax::onebit_adam::wire_bytes(bytes, p), bytes + bucket}.seconds(m) +
              share * bytes / z.onebit_encode + 2 * bytes / z.onebit_decode + bytes / z.adam_update;
-    case allreduce_algorithm::decentralized_shift_one:  // one exchange with one peer, then an average
+    case algorithm::decentralized:  // one exchange with one peer, then an average
       return cost{1.0, relax::decentralized::wire_bytes(bytes, p, relax::peer_selection::shift_one), bytes + bucket}
           .seconds(m);
-    case allreduce_algorithm::low_precision_decentralized: {  // encoded differences to q ring neighbours
+    case algorithm::low_precision_decentralized: {  // encoded differences to q ring neighbours
       const double q = p == 2 ? 1.0 : 2.0;
       return cost{q, relax::low_precision_decentralized::wire_bytes(bytes, p), (2 * q + 2) * bytes + bucket}.seconds(
                  m) +
              bytes / z.minmax_encode + (q + 1) * bytes / z.minmax_decode;
     }
+    default: return std::numeric_limits<double>::infinity();  // not one the simulator models
   }
-  return 0;
 }
 
 namespace {
@@ -370,17 +357,14 @@ struct simulator::impl {
   /// The weight-gradient synchronization of op i: over the weight's replicas, per group the cheapest
   /// algorithm the policy allows (the network decides); the slowest group is the task's duration.
   void allreduce_cost(std::size_t i, task& t) {
-    static constexpr allreduce_algorithm choices[] = {allreduce_algorithm::ring,
-                                                      allreduce_algorithm::hierarchical,
-                                                      allreduce_algorithm::bytegrad,
-                                                      allreduce_algorithm::onebit_adam,
-                                                      allreduce_algorithm::decentralized_shift_one,
-                                                      allreduce_algorithm::low_precision_decentralized};
+    static constexpr algorithm choices[] = {algorithm::ring,          algorithm::hierarchical,
+                                            algorithm::bytegrad,      algorithm::onebit_adam,
+                                            algorithm::decentralized, algorithm::low_precision_decentralized};
     const sbp_signature& s = sig[i];
     const placed p = where(i);
     t.queues.clear();
     t.duration = 0;
-    times[i].algorithm = allreduce_algorithm::none;
+    times[i].algorithm = algorithm::none;
     int replicas = 1;
     for (std::size_t d = 0; d < s.weight.rank; ++d)
       if (!s.weight[d].is_split()) replicas *= s.mesh[d];
@@ -393,14 +377,14 @@ struct simulator::impl {
         if (!s.weight[d].is_split()) c[d] = -1;
       ++groups[c][cl.node_of(p.first + x)];
     }
-    allreduce_algorithm slowest = allreduce_algorithm::ring;
+    algorithm slowest = algorithm::ring;
     for (const auto& [key, nodes] : groups) {
       sync_group grp{replicas, static_cast<int>(nodes.size()), nodes.begin()->second};
       for (const auto& [node, count] : nodes)
         if (count != grp.per_node) grp.per_node = 0;
       double best = std::numeric_limits<double>::infinity();
-      allreduce_algorithm pick = allreduce_algorithm::ring;
-      for (allreduce_algorithm a : choices) {  // ties keep the earlier (the exact ones come first)
+      algorithm pick = algorithm::ring;
+      for (algorithm a : choices) {  // ties keep the earlier (the exact ones come first)
         if (policy_of(a) > policy) continue;
         const double seconds = sync_seconds(a, grp, bytes, cl);
         if (seconds < best) {

@@ -16,6 +16,7 @@
 namespace {
 
 using namespace flexpar::search;
+using flexpar::algorithm;
 using flexpar::usage_error;
 
 std::vector<graph> reference_models() {
@@ -266,7 +267,7 @@ TEST(search_simulator, one_op_on_one_device) {
   simulator sim(g, hand_cluster(1, 1));
   const double fwd = L + 1024e-9, bwd = L + 2048e-9, update = L;
   EXPECT_NEAR(sim.simulate({{1, 1, 1, 0}}), fwd + bwd + update, 1e-15);
-  EXPECT_EQ(sim.times_of(0).algorithm, allreduce_algorithm::none);
+  EXPECT_EQ(sim.times_of(0).algorithm, algorithm::none);
 }
 
 TEST(search_simulator, the_loss_needs_a_partial_output_whole) {
@@ -294,7 +295,7 @@ TEST(search_simulator, two_linears_data_parallel) {
   // bwd_a runs beside b's allreduce (compute and link queues); a's allreduce waits for both
   const double expected = std::max(t0 + bwd_a, t0 + allreduce_b) + allreduce_a + 2 * L;
   EXPECT_NEAR(sim.simulate({{2, 1, 1, 0}, {2, 1, 1, 0}}), expected, 1e-12);
-  EXPECT_EQ(sim.times_of(1).algorithm, allreduce_algorithm::ring);
+  EXPECT_EQ(sim.times_of(1).algorithm, algorithm::ring);
   EXPECT_NEAR(sim.times_of(1).gradient_allreduce, allreduce_b, 1e-15);
 }
 
@@ -312,7 +313,7 @@ TEST(search_simulator, data_parallel_into_parameter_parallel_boxes) {
   const double expected = fwd_a + allgather + fwd_b + bwd_b + reduce_scatter + bwd_a + allreduce_a + 2 * L;
   EXPECT_NEAR(sim.simulate({{2, 1, 1, 0}, {1, 1, 2, 0}}), expected, 1e-12);
   EXPECT_NEAR(sim.times_of(1).input_boxing, allgather, 1e-15);
-  EXPECT_EQ(sim.times_of(1).algorithm, allreduce_algorithm::none);
+  EXPECT_EQ(sim.times_of(1).algorithm, algorithm::none);
 }
 
 TEST(search_simulator, placement_change_between_device_sets) {
@@ -340,8 +341,7 @@ TEST(search_simulator, gradient_allreduce_algorithm_follows_the_network) {
     sim.simulate({{4, 1, 1, 0}});
     const double ring = flexpar::allreduce_ring_cost(4, bytes).seconds(cl.params(true));
     const double hier = flexpar::allreduce_hierarchical_cost(2, 2, bytes, cl.params(true)).seconds(cl.params(true));
-    EXPECT_EQ(sim.times_of(0).algorithm, hier < ring ? allreduce_algorithm::hierarchical : allreduce_algorithm::ring)
-        << inter_bandwidth;
+    EXPECT_EQ(sim.times_of(0).algorithm, hier < ring ? algorithm::hierarchical : algorithm::ring) << inter_bandwidth;
     EXPECT_DOUBLE_EQ(sim.times_of(0).gradient_allreduce, std::min(ring, hier));
   }
 }

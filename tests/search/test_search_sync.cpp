@@ -17,6 +17,7 @@
 namespace {
 
 using namespace flexpar::search;
+using flexpar::algorithm;
 
 /// A machine with round numbers: gamma = 1 ns/byte, the compressors at 100 / 200 / 50 / 100 MB/s, Adam 40 MB/s.
 cluster sync_cluster(int nodes, int per_node, double inter_bandwidth) {
@@ -33,16 +34,13 @@ cluster sync_cluster(int nodes, int per_node, double inter_bandwidth) {
   return c;
 }
 
-constexpr allreduce_algorithm every_algorithm[] = {allreduce_algorithm::ring,
-                                                   allreduce_algorithm::hierarchical,
-                                                   allreduce_algorithm::bytegrad,
-                                                   allreduce_algorithm::onebit_adam,
-                                                   allreduce_algorithm::decentralized_shift_one,
-                                                   allreduce_algorithm::low_precision_decentralized};
+constexpr algorithm every_algorithm[] = {algorithm::ring,          algorithm::hierarchical,
+                                         algorithm::bytegrad,      algorithm::onebit_adam,
+                                         algorithm::decentralized, algorithm::low_precision_decentralized};
 
 TEST(search_sync, names_policies_and_semantics) {
-  EXPECT_EQ(name_of(allreduce_algorithm::bytegrad), "bytegrad");
-  EXPECT_EQ(name_of(allreduce_algorithm::low_precision_decentralized), "low_precision_decentralized");
+  EXPECT_EQ(name_of(algorithm::bytegrad), "bytegrad");
+  EXPECT_EQ(name_of(algorithm::low_precision_decentralized), "low_precision_decentralized");
   EXPECT_EQ(sync_policy_from("relaxed"), sync_policy::relaxed);
   EXPECT_EQ(sync_policy_from("exact"), sync_policy::exact);
   try {
@@ -51,13 +49,17 @@ TEST(search_sync, names_policies_and_semantics) {
   } catch (const flexpar::usage_error& e) {
     EXPECT_NE(std::string(e.what()).find("no policy 'lossy'; policies: exact compressed relaxed"), std::string::npos);
   }
-  EXPECT_FALSE(changes_optimizer(allreduce_algorithm::ring));
-  EXPECT_FALSE(changes_optimizer(allreduce_algorithm::hierarchical));
-  EXPECT_FALSE(changes_optimizer(allreduce_algorithm::bytegrad));  // same optimizer, quantized average
-  EXPECT_TRUE(changes_optimizer(allreduce_algorithm::onebit_adam));
-  EXPECT_TRUE(changes_optimizer(allreduce_algorithm::decentralized_shift_one));
-  EXPECT_TRUE(changes_optimizer(allreduce_algorithm::low_precision_decentralized));
-  EXPECT_EQ(policy_of(allreduce_algorithm::bytegrad), sync_policy::compressed);
+  EXPECT_FALSE(changes_optimizer(algorithm::ring));
+  EXPECT_FALSE(changes_optimizer(algorithm::hierarchical));
+  EXPECT_FALSE(changes_optimizer(algorithm::bytegrad));  // same optimizer, quantized average
+  EXPECT_TRUE(changes_optimizer(algorithm::onebit_adam));
+  EXPECT_TRUE(changes_optimizer(algorithm::decentralized));
+  EXPECT_TRUE(changes_optimizer(algorithm::low_precision_decentralized));
+  EXPECT_EQ(policy_of(algorithm::bytegrad), sync_policy::compressed);
+  // One naming (collective/algorithm.hpp): the simulator's choices parse back from their names.
+  for (algorithm a : every_algorithm) EXPECT_EQ(flexpar::algorithm_from(name_of(a)), a) << name_of(a);
+  EXPECT_EQ(flexpar::algorithm_from("none"), algorithm::none);
+  EXPECT_FALSE(flexpar::algorithm_from("decentralized_shift_one").has_value());
 }
 
 TEST(search_sync, hand_computed_costs_of_each_choice) {
@@ -67,39 +69,39 @@ TEST(search_sync, hand_computed_costs_of_each_choice) {
   const double M = 65536, a = 1e-3, b = 1e-6, g = 1e-9;
   const double ai = 1e-4, bi = 1e-8;  // the intra-node link: the hierarchical algorithm's in-node steps
   // ring: 2(p-1) = 6 steps, 2(p-1)/p M = 1.5 M on the wire, (p-1)/p M = 0.75 M reduced
-  EXPECT_NEAR(sync_seconds(allreduce_algorithm::ring, grp, M, c), 6 * a + 1.5 * M * b + 0.75 * M * g, 1e-12);
+  EXPECT_NEAR(sync_seconds(algorithm::ring, grp, M, c), 6 * a + 1.5 * M * b + 0.75 * M * g, 1e-12);
   // hierarchical: in-node reduce-scatter and allgather through the node's segment (one round each: 2
   // hand-offs each; M/2 packed and reduced, M copied out), a 2-node allreduce of M/2 (ring and
   // halving-doubling cost the same for 2 nodes: 2 steps, M/2 on the wire, M/4 reduced)
   const double hier = 4 * ai + 1.5 * M * bi + 2 * a + 0.5 * M * b + 0.25 * M * g + 0.5 * M * g;
-  EXPECT_NEAR(sync_seconds(allreduce_algorithm::hierarchical, grp, M, c), hier, 1e-12);
+  EXPECT_NEAR(sync_seconds(algorithm::hierarchical, grp, M, c), hier, 1e-12);
   // every relaxation: + 4 M of memory traffic (fuse into a bucket and back)
   // bytegrad: E8 = 16384 + 8 (16384 / 512 + 1) = 16648 bytes; alltoall + allgather: 6 steps, 1.5 E8 wire,
   // M reduced; encode (1 + 1/4) M at 1e8 B/s, decode 2 M at 2e8 B/s
   const double e8 = 16384 + 8.0 * 33;
   const double bytegrad = 6 * a + 1.5 * e8 * b + 5 * M * g + 1.25 * M / 1e8 + 2 * M / 2e8;
-  EXPECT_NEAR(sync_seconds(allreduce_algorithm::bytegrad, grp, M, c), bytegrad, 1e-12);
+  EXPECT_NEAR(sync_seconds(algorithm::bytegrad, grp, M, c), bytegrad, 1e-12);
   // onebit_adam: E1 = 16384 / 8 + 4 (16384 / 2048 + 1) = 2084 bytes; the same pattern, 1-bit rates, and
   // its Adam passes over M at 4e7 B/s
   const double e1 = 2048 + 4.0 * 9;
   const double onebit = 6 * a + 1.5 * e1 * b + 5 * M * g + 1.25 * M / 5e7 + 2 * M / 1e8 + M / 4e7;
-  EXPECT_NEAR(sync_seconds(allreduce_algorithm::onebit_adam, grp, M, c), onebit, 1e-12);
+  EXPECT_NEAR(sync_seconds(algorithm::onebit_adam, grp, M, c), onebit, 1e-12);
   // decentralized shift_one: one message of M to one peer, one average pass
-  EXPECT_NEAR(sync_seconds(allreduce_algorithm::decentralized_shift_one, grp, M, c), a + M * b + 5 * M * g, 1e-12);
+  EXPECT_NEAR(sync_seconds(algorithm::decentralized, grp, M, c), a + M * b + 5 * M * g, 1e-12);
   // low precision decentralized, p = 4: 2 neighbours: 2 messages of E8, 6 M of local passes, encode M, decode 3 M
   const double lpd = 2 * a + 2 * e8 * b + 10 * M * g + M / 1e8 + 3 * M / 2e8;
-  EXPECT_NEAR(sync_seconds(allreduce_algorithm::low_precision_decentralized, grp, M, c), lpd, 1e-12);
+  EXPECT_NEAR(sync_seconds(algorithm::low_precision_decentralized, grp, M, c), lpd, 1e-12);
   // p = 2: one neighbour
   const sync_group two{2, 2, 1};
-  EXPECT_NEAR(sync_seconds(allreduce_algorithm::low_precision_decentralized, two, M, c),
+  EXPECT_NEAR(sync_seconds(algorithm::low_precision_decentralized, two, M, c),
               a + e8 * b + 8 * M * g + M / 1e8 + 2 * M / 2e8, 1e-12);
   // one node: the intra-node link; hierarchical does not apply; uneven groups neither
   const sync_group inside{4, 1, 4};
-  EXPECT_NEAR(sync_seconds(allreduce_algorithm::ring, inside, M, c), 6 * ai + 1.5 * M * bi + 0.75 * M * g, 1e-12);
-  EXPECT_TRUE(std::isinf(sync_seconds(allreduce_algorithm::hierarchical, inside, M, c)));
-  EXPECT_TRUE(std::isinf(sync_seconds(allreduce_algorithm::hierarchical, {3, 2, 0}, M, c)));
+  EXPECT_NEAR(sync_seconds(algorithm::ring, inside, M, c), 6 * ai + 1.5 * M * bi + 0.75 * M * g, 1e-12);
+  EXPECT_TRUE(std::isinf(sync_seconds(algorithm::hierarchical, inside, M, c)));
+  EXPECT_TRUE(std::isinf(sync_seconds(algorithm::hierarchical, {3, 2, 0}, M, c)));
   // nothing to synchronize on one rank
-  for (allreduce_algorithm x : every_algorithm) EXPECT_EQ(sync_seconds(x, {1, 1, 1}, M, c), 0.0) << name_of(x);
+  for (algorithm x : every_algorithm) EXPECT_EQ(sync_seconds(x, {1, 1, 1}, M, c), 0.0) << name_of(x);
 }
 
 /// One linear layer whose 4 * in * out weight bytes are the gradient.
@@ -121,8 +123,7 @@ TEST(search_sync, ring_to_bytegrad_flips_at_the_hand_computed_bandwidth) {
       simulator sim(g, sync_cluster(2, 1, bandwidth));
       sim.set_policy(p);
       sim.simulate({{2, 1, 1, 0}});
-      const allreduce_algorithm want =
-          p == sync_policy::exact || f > 1 ? allreduce_algorithm::ring : allreduce_algorithm::bytegrad;
+      const algorithm want = p == sync_policy::exact || f > 1 ? algorithm::ring : algorithm::bytegrad;
       EXPECT_EQ(sim.times_of(0).algorithm, want) << "bandwidth x" << f << ", policy " << name_of(p);
       const cluster cl = sync_cluster(2, 1, bandwidth);
       EXPECT_EQ(sim.times_of(0).gradient_allreduce, sync_seconds(want, {2, 2, 1}, M, cl));
@@ -136,9 +137,9 @@ TEST(search_sync, the_choice_is_the_cheapest_the_policy_allows) {
   for (double bandwidth : {1e5, 1e6, 1e7, 1e8, 1e9, 1e11}) {
     const cluster cl = sync_cluster(2, 2, bandwidth);
     for (sync_policy p : {sync_policy::exact, sync_policy::compressed, sync_policy::relaxed}) {
-      allreduce_algorithm best = allreduce_algorithm::none;
+      algorithm best = algorithm::none;
       double best_seconds = std::numeric_limits<double>::infinity();
-      for (allreduce_algorithm a : every_algorithm)
+      for (algorithm a : every_algorithm)
         if (policy_of(a) <= p && sync_seconds(a, {4, 2, 2}, M, cl) < best_seconds) {
           best = a;
           best_seconds = sync_seconds(a, {4, 2, 2}, M, cl);

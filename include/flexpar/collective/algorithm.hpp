@@ -15,9 +15,17 @@
 // | binomial_tree      |           |                    |               | x         | x      |          |         |
 // | pairwise           |           |                    |               |           |        | x        |         |
 // | dissemination      |           |                    |               |           |        |          | x       |
+//
+// The same enum names the gradient synchronizations that relax the exact allreduce (BAGUA's
+// relaxations, include/flexpar/relax/, doc/relaxations.md): relax::make builds them by these names
+// and the search simulator prices those it models (search/simulator.hpp). No collective takes them.
+// `none` is the simulator's choice for a weight that is not replicated. One naming for the
+// collectives, the relaxations and the simulator: name_of() and algorithm_from() convert.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace flexpar {
@@ -33,6 +41,17 @@ enum class algorithm : std::uint8_t {
   binomial_tree,       ///< binomial tree (broadcast, reduce)
   pairwise,            ///< pairwise exchange (alltoall)
   dissemination,       ///< dissemination barrier
+  // ---- relaxations (relax/): not collectives; relax::make's names ----
+  gradient_allreduce,           ///< f32 allreduce of the gradients (exact; hierarchical or flat)
+  bytegrad,                     ///< min-max uint8 compressed centralized average (lossy; replicas identical)
+  decentralized,                ///< f32 weights averaged with peers (replicas differ; the simulator: shift_one peers)
+  low_precision_decentralized,  ///< uint8 weight differences with the ring neighbours (replicas differ)
+  onebit_adam,                  ///< 1-bit compressed momentum with error feedback (owns its optimizer: Adam)
+  qadam,                        ///< 8-bit quantized momentum (owns its optimizer: Adam)
+  async_model_average,          ///< weights averaged in the background, every period
+  local_sgd,                    ///< local steps, weights averaged every k
+  // ----
+  none,  ///< no synchronization (the simulator's choice for a weight held by one rank)
 };
 
 constexpr std::string_view name_of(algorithm a) noexcept {
@@ -47,8 +66,37 @@ constexpr std::string_view name_of(algorithm a) noexcept {
     case algorithm::binomial_tree: return "binomial_tree";
     case algorithm::pairwise: return "pairwise";
     case algorithm::dissemination: return "dissemination";
+    case algorithm::gradient_allreduce: return "gradient_allreduce";
+    case algorithm::bytegrad: return "bytegrad";
+    case algorithm::decentralized: return "decentralized";
+    case algorithm::low_precision_decentralized: return "low_precision_decentralized";
+    case algorithm::onebit_adam: return "onebit_adam";
+    case algorithm::qadam: return "qadam";
+    case algorithm::async_model_average: return "async_model_average";
+    case algorithm::local_sgd: return "local_sgd";
+    case algorithm::none: return "none";
   }
   return "?";
+}
+
+/// The algorithm called `name` (name_of's spelling), or nothing for a name it does not know.
+constexpr std::optional<algorithm> algorithm_from(std::string_view name) noexcept {
+  for (auto i = static_cast<std::uint8_t>(algorithm::automatic); i <= static_cast<std::uint8_t>(algorithm::none); ++i)
+    if (name_of(static_cast<algorithm>(i)) == name) return static_cast<algorithm>(i);
+  return std::nullopt;
+}
+
+/// The relaxations, in the order of the design space (docs, CLIs, relax::algorithm_names()).
+inline constexpr std::array<algorithm, 8> relaxations{
+    algorithm::gradient_allreduce,          algorithm::bytegrad,    algorithm::decentralized,
+    algorithm::low_precision_decentralized, algorithm::onebit_adam, algorithm::qadam,
+    algorithm::async_model_average,         algorithm::local_sgd};
+
+/// True for a relaxation (relax::make builds it), false for a collective's algorithm and `none`.
+constexpr bool is_relaxation(algorithm a) noexcept {
+  for (algorithm r : relaxations)
+    if (r == a) return true;
+  return false;
 }
 
 }  // namespace flexpar

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include <flexpar/collective/algorithm.hpp>
 #include <flexpar/search/cluster.hpp>
 #include <flexpar/search/config.hpp>
 #include <flexpar/search/graph.hpp>
@@ -37,22 +38,17 @@
 
 namespace flexpar::search {
 
-/// How a weight gradient is synchronized over its replicas: the exact allreduce algorithms, and BAGUA's
-/// communication relaxations that flexpar has (include/flexpar/relax, doc/relaxations.md). The simulator
-/// picks the cheapest one its sync_policy allows, per op and network (BAGUA's open problem).
-enum class allreduce_algorithm : unsigned char {
-  none,                         ///< nothing to synchronize (the weight is not replicated)
-  ring,                         ///< f32 ring allreduce (exact)
-  hierarchical,                 ///< f32 intra-node reduce-scatter, inter-node allreduce, intra-node allgather (exact)
-  bytegrad,                     ///< min-max uint8 compressed centralized average (lossy; replicas identical)
-  onebit_adam,                  ///< 1-bit compressed momentum with error feedback (owns its optimizer: Adam)
-  decentralized_shift_one,      ///< f32 weights averaged with one peer per step (replicas differ)
-  low_precision_decentralized,  ///< uint8 weight differences with the ring neighbours (replicas differ)
-};
-
-/// "none", "ring", "hierarchical", "bytegrad", "onebit_adam", "decentralized_shift_one",
-/// "low_precision_decentralized".
-std::string_view name_of(allreduce_algorithm a) noexcept;
+/// How a weight gradient is synchronized over its replicas is a flexpar::algorithm (collective/algorithm.hpp, the one
+/// naming of the collectives and the relaxations). The simulator models seven of them, and picks the cheapest one its
+/// sync_policy allows, per op and network (BAGUA's open problem):
+///   none                         nothing to synchronize (the weight is not replicated)
+///   ring                         f32 ring allreduce (exact)
+///   hierarchical                 f32 intra-node reduce-scatter, inter-node allreduce, intra-node allgather (exact)
+///   bytegrad                     min-max uint8 compressed centralized average (lossy; replicas identical)
+///   onebit_adam                  1-bit compressed momentum with error feedback (owns its optimizer: Adam)
+///   decentralized                f32 weights averaged with one peer per step (shift_one peers; replicas differ)
+///   low_precision_decentralized  uint8 weight differences with the ring neighbours (replicas differ)
+/// Their names are name_of(algorithm)'s.
 
 /// Which gradient synchronizations the simulator may choose; each policy allows those of the ones before.
 enum class sync_policy : unsigned char {
@@ -69,11 +65,11 @@ sync_policy sync_policy_from(std::string_view name);
 
 /// The least permissive policy that allows `a` (none, ring, hierarchical: exact; bytegrad: compressed; the rest:
 /// relaxed).
-sync_policy policy_of(allreduce_algorithm a) noexcept;
+sync_policy policy_of(algorithm a) noexcept;
 
 /// True when `a` changes the optimizer's semantics (it is not an allreduce of the gradients, exact or
 /// quantized): 1-bit Adam and the decentralized algorithms.
-inline bool changes_optimizer(allreduce_algorithm a) noexcept { return policy_of(a) == sync_policy::relaxed; }
+inline bool changes_optimizer(algorithm a) noexcept { return policy_of(a) == sync_policy::relaxed; }
 
 /// A replica group of a weight-gradient synchronization.
 struct sync_group {
@@ -83,20 +79,20 @@ struct sync_group {
 };
 
 /// Seconds to synchronize a weight gradient of `bytes` (f32) over `grp` with `a` on `c` (+infinity when `a`
-/// does not apply: hierarchical on one node or an uneven group). Wire steps and bytes follow the algorithm's
-/// pattern (the relax headers' wire_bytes()) on `c.params(grp.nodes > 1)`; local passes (sums, averages) go
-/// through memory (gamma); encodes and decodes at `c.compression`'s rates:
+/// does not apply: hierarchical on one node or an uneven group, or one the simulator does not model). Wire steps and
+/// bytes follow the algorithm's pattern (the relax headers' wire_bytes()) on `c.params(grp.nodes > 1)`; local passes
+/// (sums, averages) go through memory (gamma); encodes and decodes at `c.compression`'s rates:
 ///   ring          allreduce_ring_cost(p, M)
 ///   hierarchical  allreduce_hierarchical_cost(per_node, nodes, M)
 ///   bytegrad      2(p-1) steps, 2(p-1)/p E8(M) wire, M reduced; encode (1 + 1/p) M, decode 2M (min-max)
 ///   onebit_adam   2(p-1) steps, 2(p-1)/p E1(M) wire, M reduced; encode (1 + 1/p) M, decode 2M (1-bit),
 ///                 its Adam passes over M (compression.adam_update)
-///   decentralized_shift_one      1 step, M wire, M averaged
+///   decentralized                1 step, M wire, M averaged (shift_one peers)
 ///   low_precision_decentralized  q steps, q E8(M) wire (q = 1 for p = 2, else 2 neighbours), (2q + 2) M
 ///                                local passes; encode M, decode (q + 1) M (min-max)
 /// and for every relaxation 4M of memory traffic to fuse the tensors into one bucket and back,
 /// with p = grp.ranks, M = bytes. 0 for p = 1.
-double sync_seconds(allreduce_algorithm a, const sync_group& grp, double bytes, const cluster& c);
+double sync_seconds(algorithm a, const sync_group& grp, double bytes, const cluster& c);
 
 /// What the simulator predicts for one op under the current strategy.
 struct op_times {
@@ -106,7 +102,7 @@ struct op_times {
   double gradient_allreduce = 0;  ///< allreduce of its weight gradient
   double backward_boxing = 0;     ///< backward boxing of its input gradients, and the loss's boxing of its output
   double update = 0;              ///< the optimizer update of its weight shard
-  allreduce_algorithm algorithm = allreduce_algorithm::none;  ///< chosen for that allreduce
+  flexpar::algorithm algorithm = flexpar::algorithm::none;  ///< chosen for that allreduce
 };
 
 /// The simulator of a graph on a cluster (header comment). Not thread-safe; copyable is not needed.
