@@ -193,6 +193,74 @@ TEST_P(boxing_1d, partial_to_inner_split_reduces_strided_rows_where_they_lie) {
 // a path takes its in-memory form on small tensors (the tests above reach it only where a tensor
 // reaches the default thresholds: 4 MiB for destinations, this machine's cache share for sources),
 // at 0 (never) it does not; each of the four combinations.
+// The boxing another memory runs (the device's: boxing/equal_blocks.hpp, padded blocks through
+// collectives of equal blocks, and B -> S keeping rows in place only when they are the front), run
+// here on host memory: a view that has the host's members but keeps only a front range, as the
+// device view does, takes the generic overloads of box_axis for every pair. Uneven shapes, an empty
+// axis, every tensor axis split; P holds a different summand on every rank (exact integer sums).
+namespace {
+template <class T>
+struct equal_block_view : axis_view<T> {
+  bool keep_range(std::size_t from, std::size_t count) {
+    if (from != 0) return false;
+    this->local.resize(count);
+    return true;
+  }
+};
+
+template <class From, class To>
+void check_equal_blocks(const placement<1>& mesh, const shape_t& shape, int salt) {
+  using T = std::int32_t;
+  const int p = mesh.parent().size();
+  std::vector<T> full = logical<T>(shape, salt);
+  aligned_vector<T> mine;
+  if constexpr (nd_of<From>::value[0].is_partial()) {  // rank r holds summand r; the logical tensor is their sum
+    mine = mesh.pool().acquire_copy(std::span<const T>(logical<T>(shape, salt + 7 * mesh.parent().rank())));
+    std::fill(full.begin(), full.end(), T{0});
+    for (int r = 0; r < p; ++r) {
+      const std::vector<T> summand = logical<T>(shape, salt + 7 * r);
+      for (std::size_t e = 0; e < full.size(); ++e) full[e] += summand[e];
+    }
+  } else {
+    mine = global_tensor<T, From>::from_full(mesh, shape, full).release();
+  }
+  equal_block_view<T> v{{mesh.axis(0), shape, std::move(mine), mesh.pool()}};
+  box_axis(v, From{}, To{});
+  auto boxed = global_tensor<T, To>::adopt(mesh, shape, std::move(v.local));
+  EXPECT_EQ(boxed.to_full(), full) << to_string<From>() << " -> " << to_string<To>() << " " << to_string(shape)
+                                   << ", rank " << mesh.parent().rank();
+}
+}  // namespace
+
+TEST_P(boxing_1d, the_equal_block_scripts_of_other_memories_give_back_the_logical_tensor) {
+  run_in_process(
+      GetParam(),
+      [](communicator& comm) {
+        placement<1> mesh(comm, {comm.size()});
+        using P = partial<reduce_op::sum>;
+        int salt = 0;
+        for (const shape_t& shape :
+             {shape_t{7, 13, 5}, shape_t{2, 9, 1}, shape_t{0, 3, 2}, shape_t{5, 2, 4}, shape_t{8, 4, 2}}) {
+          check_equal_blocks<P, split<0>>(mesh, shape, ++salt);
+          check_equal_blocks<P, split<1>>(mesh, shape, ++salt);
+          check_equal_blocks<P, split<2>>(mesh, shape, ++salt);
+          check_equal_blocks<P, broadcast>(mesh, shape, ++salt);
+          check_equal_blocks<split<0>, broadcast>(mesh, shape, ++salt);
+          check_equal_blocks<split<1>, broadcast>(mesh, shape, ++salt);
+          check_equal_blocks<split<2>, broadcast>(mesh, shape, ++salt);
+          check_equal_blocks<split<0>, split<1>>(mesh, shape, ++salt);
+          check_equal_blocks<split<1>, split<0>>(mesh, shape, ++salt);
+          check_equal_blocks<split<1>, split<2>>(mesh, shape, ++salt);
+          check_equal_blocks<split<2>, split<0>>(mesh, shape, ++salt);
+          check_equal_blocks<broadcast, split<0>>(mesh, shape, ++salt);
+          check_equal_blocks<broadcast, split<1>>(mesh, shape, ++salt);
+          check_equal_blocks<broadcast, P>(mesh, shape, ++salt);
+          check_equal_blocks<split<1>, P>(mesh, shape, ++salt);
+        }
+      },
+      flexpar::testing_support::with_timeout());
+}
+
 TEST_P(boxing_1d, the_streaming_thresholds_change_no_result) {
   for (const auto& [threshold, source_threshold] :
        {std::pair<std::size_t, std::size_t>{1, 1}, {0, 0}, {1, 0}, {0, 1}}) {

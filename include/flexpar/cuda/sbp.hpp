@@ -1,9 +1,10 @@
-// flexpar/cuda/sbp.hpp — SBP global tensors in device memory: global_tensor<T, Sbp, memory::cuda>,
-// boxed by the same overload of to<NewSbp> and the same routes as on the host, each mesh axis's
-// collective on that axis's cuda::device_communicator (NCCL, or CUDA IPC among the ranks of one node,
-// or staged); placement changes (the pieces through host memory); and matmul (cuBLAS), add, mul,
-// relu, gelu, softmax, layer_norm, reduce_sum, embedding, conv2d and its gradients (im2col + cuBLAS)
-// and transpose on the shards.
+// flexpar/cuda/sbp.hpp — the SBP layer in device memory: backend<memory::cuda> (sbp/backend.hpp), so
+// that global_tensor<T, Sbp, memory::cuda>, dynamic_tensor<T, N, memory::cuda>, their boxing, placement
+// changes and ops are the host layer's own definitions over device shards. What is here is what only
+// the device has: the device pool and placement (this rank's GPU, a stream, a cuBLAS handle, one
+// device_communicator per mesh axis: NCCL, CUDA IPC among the ranks of one node, or staged), the view
+// the boxing steps take (their collectives of equal blocks: sbp/boxing/equal_blocks.hpp), the CUDA and
+// cuBLAS kernels of the ops, and the device's boxing cost.
 //
 // Part of flexpar::cuda.
 //
@@ -14,10 +15,8 @@
 //   auto b = to<broadcast>(std::move(w));                             // allgather on the device
 //   auto h = to_host(b);                                              // global_tensor<float, broadcast>
 //
-// Every operation is enqueued on the placement's stream (gpu.stream()); the device collectives order
-// themselves after it. A step that needs an uneven exchange (split axes whose extent the mesh axis
-// does not divide) pads each rank's block to the largest one: the device collectives take equal
-// blocks, and the padding never reaches a result.
+// Every operation is enqueued on the placement's stream (gpu.stream()), with the placement's GPU
+// current; the device collectives order themselves after it.
 #pragma once
 
 #include <algorithm>
@@ -38,14 +37,13 @@
 #include <flexpar/cuda/kernels.hpp>
 #include <flexpar/cuda/nn.hpp>
 #include <flexpar/cuda/runtime.hpp>
-#include <flexpar/sbp/boxing/placement_change.hpp>
-#include <flexpar/sbp/boxing/route.hpp>
-#include <flexpar/sbp/boxing/same_placement.hpp>
+#include <flexpar/sbp/backend.hpp>
+#include <flexpar/sbp/boxing.hpp>
 #include <flexpar/sbp/dynamic.hpp>
 #include <flexpar/sbp/global_tensor.hpp>
+#include <flexpar/sbp/host_kernels.hpp>
 #include <flexpar/sbp/layout.hpp>
 #include <flexpar/sbp/ops.hpp>
-#include <flexpar/sbp/ops_nn.hpp>
 #include <flexpar/sbp/placement.hpp>
 
 namespace flexpar::cuda {
@@ -112,6 +110,7 @@ template <std::size_t MeshRank>
 class device_placement {
  public:
   static constexpr std::size_t mesh_rank = MeshRank;  ///< mesh axes
+  using memory_type = memory::cuda;                   ///< where the shards of its tensors live
 
   /// The device side of `where` on GPU `device`; `options` configure the axis communicators.
   /// @throws transport_error when the device does not exist or the stream cannot be made.
@@ -237,398 +236,300 @@ void copy_box(device_span<const T> src, const sbp::shape_t& src_shape, const sbp
   detail::copy_box_bytes(sizeof(T), src.data(), src_shape, src_at, dst.data(), dst_shape, dst_at, extent, s);
 }
 
+/// One mesh axis's boxing on the device (the device form of sbp::axis_view, with the same members):
+/// the axis's device communicator, the shape its group holds jointly, my shard, the pool and the
+/// stream. Its collectives take equal blocks, so the steps that exchange are the scripts of
+/// sbp/boxing/equal_blocks.hpp.
+template <class T>
+struct device_axis_view {
+  using value_type = T;                     ///< element type
+  using shard = device_shard<T>;            ///< a shard or a temporary
+  using span_type = device_span<T>;         ///< elements of a shard
+  using const_span = device_span<const T>;  ///< elements read
+  device_communicator& comm;                ///< the mesh-axis group on the device
+  sbp::shape_t group_shape;                 ///< the tensor the group holds jointly
+  device_shard<T> local;                    ///< my shard under the current SBP of this axis
+  device_pool& pool;                        ///< where temporaries and results come from
+  cudaStream_t stream;                      ///< where everything is enqueued
+
+  [[nodiscard]] int rank() const noexcept { return comm.rank(); }  ///< see sbp::axis_view
+  [[nodiscard]] int size() const noexcept { return comm.size(); }  ///< see sbp::axis_view
+  [[nodiscard]] shard acquire(std::size_t count) {
+    return {pool.acquire(count * sizeof(T)), count};
+  }  ///< see sbp::axis_view
+  /// See sbp::axis_view.
+  void replace(shard&& next) {
+    pool.give_back(std::move(local.block));
+    local = std::move(next);
+  }
+  void recycle(shard&& spare) { pool.give_back(std::move(spare.block)); }          ///< see sbp::axis_view
+  static span_type elements(shard& s) noexcept { return s.span(); }                ///< see sbp::axis_view
+  static void truncate(shard& s, std::size_t count) noexcept { s.count = count; }  ///< see sbp::axis_view
+  /// Keeps elements [from, from + count) in place when they are the front (else false: the caller copies).
+  bool keep_range(std::size_t from, std::size_t count) noexcept {
+    if (from != 0) return false;
+    local.count = count;
+    return true;
+  }
+  /// See sbp::axis_view.
+  void copy_box(const_span src, const sbp::shape_t& src_shape, const sbp::shape_t& src_at, span_type dst,
+                const sbp::shape_t& dst_shape, const sbp::shape_t& dst_at, const sbp::shape_t& extent) {
+    cuda::copy_box<T>(src, src_shape, src_at, dst, dst_shape, dst_at, extent, stream);
+  }
+  void fill(span_type s, const T& value) { cuda::fill(s, value, stream); }            ///< see sbp::axis_view
+  void copy(span_type dst, const_span src) { copy_async(dst, src, stream); }          ///< see sbp::axis_view
+  void allreduce(span_type data, reduce_op op) { comm.allreduce(data, op, stream); }  ///< see sbp::axis_view
+  /// See sbp::axis_view.
+  void reduce_scatter(const_span in, span_type out, reduce_op op) { comm.reduce_scatter(in, out, op, stream); }
+  void allgather(const_span in, span_type out) { comm.allgather(in, out, stream); }  ///< see sbp::axis_view
+  void alltoall(const_span in, span_type out) { comm.alltoall(in, out, stream); }    ///< see sbp::axis_view
+};
+
 }  // namespace flexpar::cuda
 
 namespace flexpar::sbp {
 
-/// A logical tensor of T over a placement with the static SBP `Sbp`, its shards in device memory
-/// (the host form's interface, with a device_placement for the placement and a cuda::device_span for
-/// the shard). Move-only (copies are explicit: clone()).
-template <element T, sbp_type Sbp>
-class global_tensor<T, Sbp, memory::cuda> {
-  static_assert(detail::partial_ops_agree(nd_of<Sbp>::value),
-                "flexpar::sbp::global_tensor: an nd-SBP may hold partial values of one op only (P(sum) and P(max) "
-                "on two mesh axes do not commute)");
+namespace diagnostic {
+/// Instantiated for a device matmul of an element type cuBLAS is not called with here.
+template <class T>
+struct device_matmul_needs_f32_or_bf16 {
+  static_assert(detail::dependent_false<T>,
+                "flexpar::sbp::matmul on device tensors runs cublasGemmEx in f32 or bf16 (f32 accumulation): "
+                "its element type must be float or flexpar::bfloat16.");
+};
+/// Instantiated for a device convolution in another element type than f32.
+template <class T>
+struct device_conv2d_needs_f32 {
+  static_assert(detail::dependent_false<T>,
+                "flexpar::sbp::conv2d on device tensors runs im2col + cublasGemmEx in f32: its element type must "
+                "be float.");
+};
+/// Instantiated for a device kernel that is written for f32 only (gelu, softmax, layer_norm, reduce_sum).
+template <class T>
+struct device_kernel_needs_f32 {
+  static_assert(detail::dependent_false<T>,
+                "flexpar::sbp: this op's device kernel (gelu, softmax, layer_norm, reduce_sum) computes in f32: the "
+                "device tensor's element type must be float.");
+};
+}  // namespace diagnostic
 
- public:
-  using value_type = T;                                        ///< element type
-  using sbp_type = Sbp;                                        ///< the SBP as written
-  using nd_sbp = nd_of<Sbp>;                                   ///< the SBP as sbp<...>
-  using memory_type = memory::cuda;                            ///< where the shards live
-  static constexpr std::size_t mesh_rank = nd_sbp::mesh_rank;  ///< mesh axes
-  using placement_type = cuda::device_placement<mesh_rank>;    ///< the placement it lives on
-  using shard_type = cuda::device_shard<T>;                    ///< the storage of a shard
+/// Device memory (sbp/backend.hpp): shards from the device placement's pool, every call enqueued on its
+/// stream with its GPU current, the kernels CUDA (lib/cuda/sbp_kernels.cu) and cuBLAS.
+template <>
+struct backend<memory::cuda> {
+  static constexpr bool available = true;     ///< see backend
+  static constexpr bool host_memory = false;  ///< shards are device memory
+  template <std::size_t N>
+  using placement_type = cuda::device_placement<N>;  ///< the placement of a mesh of N axes
+  template <class T>
+  using shard = cuda::device_shard<T>;  ///< a shard
+  template <class T>
+  using span = cuda::device_span<T>;  ///< a shard's elements
+  template <class T>
+  using view = cuda::device_axis_view<T>;  ///< one mesh axis's boxing
 
-  /// Moves the shard; `other` is left empty.
-  global_tensor(global_tensor&& other) noexcept
-      : placement_(other.placement_), shape_(std::move(other.shape_)), local_(std::move(other.local_)) {
-    other.local_.count = 0;
+  /// `n` elements from the placement's device pool (contents unspecified).
+  template <class T, class Where>
+  static shard<T> acquire(const Where& where, std::size_t n) {
+    cuda::device_guard on(where.device());
+    return {where.pool().acquire(n * sizeof(T)), n};
   }
-  /// Moves the shard; the block this tensor held goes back to the placement's device pool.
-  global_tensor& operator=(global_tensor&& other) noexcept {
-    if (this == &other) return *this;
-    placement_.pool().give_back(std::move(local_.block));
-    placement_ = other.placement_;
-    shape_ = std::move(other.shape_);
-    local_ = std::move(other.local_);
-    other.local_.count = 0;
-    return *this;
+  /// `s` back to the placement's device pool.
+  template <class T, class Where>
+  static void give_back(const Where& where, shard<T>&& s) noexcept {
+    where.pool().give_back(std::move(s.block));
   }
-  global_tensor(const global_tensor&) = delete;             ///< copies are explicit: clone()
-  global_tensor& operator=(const global_tensor&) = delete;  ///< copies are explicit: clone()
-  /// Returns the shard's block to the placement's device pool.
-  ~global_tensor() { placement_.pool().give_back(std::move(local_.block)); }
-
-  /// Collective over the mesh: every mesh rank passes the same full logical tensor (host memory) and
-  /// keeps its shard, copied to the device (the host form's from_full, then one upload).
-  static global_tensor from_full(const placement_type& where, shape_t shape, std::span<const T> full) {
-    return upload(where, global_tensor<T, Sbp, host>::from_full(where.host(), std::move(shape), full));
+  /// The elements of `s`.
+  template <class T>
+  static cuda::device_span<T> elements(shard<T>& s) noexcept {
+    return s.span();
+  }
+  /// The elements of `s`.
+  template <class T>
+  static cuda::device_span<const T> elements(const shard<T>& s) noexcept {
+    return s.span();
+  }
+  /// dst = src on the placement's stream.
+  template <class T, class Where>
+  static void copy(const Where& where, cuda::device_span<T> dst, cuda::device_span<const T> src) {
+    cuda::device_guard on(where.device());
+    cuda::copy_async(dst, src, where.stream());
+  }
+  /// Every element of `s` set to `value`, on the placement's stream.
+  template <class T, class Where>
+  static void fill(const Where& where, cuda::device_span<T> s, const T& value) {
+    cuda::device_guard on(where.device());
+    cuda::fill(s, value, where.stream());
+  }
+  /// The host placement of the same mesh.
+  template <class Where>
+  static const auto& host_placement(const Where& where) noexcept {
+    return where.host();
+  }
+  /// `s` downloaded (waits for the placement's stream).
+  template <class T, class Where>
+  static std::vector<std::remove_const_t<T>> readable(const Where& where, cuda::device_span<T> s) {
+    cuda::device_guard on(where.device());
+    std::vector<std::remove_const_t<T>> out(s.size());
+    cuda::copy_async(std::span<std::remove_const_t<T>>(out), s, where.stream());
+    where.synchronize("download of a device shard");
+    return out;
+  }
+  /// A shard holding `values`, uploaded and waited for (the host values may go once this returns).
+  template <class T, class Where>
+  static shard<T> from_host(const Where& where, std::span<const T> values) {
+    shard<T> s = acquire<T>(where, values.size());
+    cuda::device_guard on(where.device());
+    cuda::copy_async(s.span(), values, where.stream());
+    where.synchronize("to_device");
+    return s;
+  }
+  /// Element `i` of `s` (waits for the placement's stream).
+  template <class T, class Where>
+  static T read(const Where& where, cuda::device_span<const T> s, std::size_t i) {
+    return readable(where, s.subspan(i, 1)).front();
+  }
+  /// The view of mesh axis `d` around my shard `local`.
+  template <class T, class Where>
+  static cuda::device_axis_view<T> axis(const Where& where, std::size_t d, shape_t group_shape, shard<T>&& local) {
+    return {where.axis(d), std::move(group_shape), std::move(local), where.pool(), where.stream()};
   }
 
-  /// Collective over the mesh (the shape check): a copy of `local`, device memory holding this rank's
-  /// shard row-major, as the shard. @throws usage_error when its size is not the shard's.
-  static global_tensor from_local(const placement_type& where, shape_t shape, cuda::device_span<const T> local) {
-    detail::check_same_shape(where.host(), shape, "global_tensor::from_local");
-    shard_type s = acquire(where, local.size());
-    cuda::copy_async(s.span(), local, where.stream());
-    return adopt(where, std::move(shape), std::move(s));
-  }
+  // ---- the kernels (host_kernels.hpp names each; the same arguments) ----
 
-  /// For ops and boxing: a tensor of this type from a shard computed from tensors whose shapes agree
-  /// already (no communication; checks the shard's size only).
-  static global_tensor adopt(const placement_type& where, shape_t shape, shard_type local) {
-    global_tensor t(where, std::move(shape));
-    const std::size_t want = where.contains_me() ? t.my_box().elements() : 0;
-    if (local.count != want) {
-      const std::size_t given = local.count;
-      where.pool().give_back(std::move(local.block));
-      throw error_on<usage_error>(where.parent().rank(), "global_tensor::from_local", "tensor ", to_string(t.shape_),
-                                  " ", to_string<Sbp>(), " (device) has a shard of ", want,
-                                  " elements on this rank, but ", given, " were given");
+  /// c = a b by cuBLAS (f32, or bf16 accumulating in f32); zeros for k = 0.
+  template <class T, class Where>
+  static void gemm(const Where& where, std::size_t m, std::size_t n, std::size_t k, cuda::device_span<const T> a,
+                   cuda::device_span<const T> b, cuda::device_span<T> c) {
+    if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, bfloat16>) {
+      (void)sizeof(diagnostic::device_matmul_needs_f32_or_bf16<T>);
+    } else {
+      if (c.size() == 0) return;
+      if (k == 0) return fill(where, c, T{});  // an empty sum
+      cuda::device_guard on(where.device());
+      where.linear_algebra().gemm(cuda::transpose::no, cuda::transpose::no, m, n, k, 1.0f, a, b, 0.0f, c,
+                                  where.stream());
     }
-    t.local_ = std::move(local);
-    return t;
   }
-
-  /// The shard of a host tensor on the same mesh copied to the device (one upload, waited for).
-  /// @throws usage_error when `h` does not live on where.host().
-  static global_tensor upload(const placement_type& where, const global_tensor<T, Sbp, host>& h) {
-    if (!(h.where() == where.host()))
-      throw error_on<usage_error>(where.parent().rank(), "to_device", "the host tensor lives on ", h.where().describe(),
-                                  ", not on the device placement's mesh ", where.describe());
-    shard_type s = acquire(where, h.to_local().size());
-    cuda::copy_async(s.span(), h.to_local(), where.stream());
-    where.synchronize("to_device");  // the host shard may go once this returns
-    return adopt(where, h.shape(), std::move(s));
+  /// out = x + y (cuda::reduce_into).
+  template <class T, class Where>
+  static void add(const Where& where, cuda::device_span<const T> x, cuda::device_span<const T> y,
+                  cuda::device_span<T> out) {
+    cuda::device_guard on(where.device());
+    cuda::reduce_into(out, x, y, reduce_op::sum, where.stream());
   }
-
-  /// The logical shape.
-  [[nodiscard]] const shape_t& shape() const noexcept { return shape_; }
-  /// The shape of my shard (all zeros outside the mesh).
-  [[nodiscard]] shape_t local_shape() const {
-    return placement_.contains_me() ? my_box().extent : shape_t(shape_.size(), 0);
+  /// out = x * y (cuda::reduce_into).
+  template <class T, class Where>
+  static void mul(const Where& where, cuda::device_span<const T> x, cuda::device_span<const T> y,
+                  cuda::device_span<T> out) {
+    cuda::device_guard on(where.device());
+    cuda::reduce_into(out, x, y, reduce_op::prod, where.stream());
   }
-  /// My shard, row-major, in device memory.
-  [[nodiscard]] cuda::device_span<T> to_local() noexcept { return local_.span(); }
-  /// My shard, row-major, in device memory.
-  [[nodiscard]] cuda::device_span<const T> to_local() const noexcept { return local_.span(); }
-  /// The device placement.
-  [[nodiscard]] const placement_type& where() const noexcept { return placement_; }
-  /// The box of the logical tensor my shard covers (partial shards cover the whole tensor).
-  [[nodiscard]] box my_box() const {
-    return shard_box(shape_, nd_sbp::value, placement_.host().shape(), placement_.coords());
+  /// out = max(x, 0) (f32).
+  template <class T, class Where>
+  static void relu(const Where& where, cuda::device_span<const T> x, cuda::device_span<T> out) {
+    if (!f32<T>()) return;
+    copy(where, out, x);
+    cuda::relu(out, where.stream());
   }
-  /// An explicit deep copy (one device-to-device copy on the placement's stream).
-  [[nodiscard]] global_tensor clone() const {
-    global_tensor t(placement_, shape_);
-    t.local_ = acquire(placement_, local_.count);
-    cuda::copy_async(t.local_.span(), to_local(), placement_.stream());
-    return t;
+  /// out = x Φ(x) (f32, in double rounded once).
+  template <class T, class Where>
+  static void gelu(const Where& where, cuda::device_span<const T> x, cuda::device_span<T> out) {
+    if (!f32<T>()) return;
+    copy(where, out, x);
+    cuda::detail::gelu_in_place(out.data(), out.size(), where.stream());
   }
-  /// Takes the storage out (the tensor is left empty); boxing uses it to box in place.
-  [[nodiscard]] shard_type release() && noexcept {
-    shard_type out = std::move(local_);
-    local_.count = 0;
-    return out;
+  /// The softmax of every line (f32).
+  template <class T, class Where>
+  static void softmax(const Where& where, cuda::device_span<const T> x, cuda::device_span<T> out,
+                      const detail::around& v) {
+    if (!f32<T>()) return;
+    copy(where, out, x);
+    cuda::detail::softmax_lines(out.data(), v.outer, v.rows, v.inner, where.stream());
   }
-  /// My shard copied to the host (waits for the placement's stream).
-  [[nodiscard]] std::vector<T> download() const {
-    std::vector<T> out(local_.count);
-    cuda::copy_async(std::span<T>(out), to_local(), placement_.stream());
-    placement_.synchronize("global_tensor::download");
-    return out;
+  /// Layer normalization of every line (f32).
+  template <class T, class Where>
+  static void layer_norm(const Where& where, cuda::device_span<const T> x, cuda::device_span<T> out,
+                         const detail::around& v, double eps) {
+    if (!f32<T>()) return;
+    copy(where, out, x);
+    cuda::detail::layer_norm_lines(out.data(), v.outer, v.rows, v.inner, eps, where.stream());
   }
-  /// Collective over the mesh: the full logical tensor on the host of every mesh rank (empty outside
-  /// it): the shards downloaded and gathered by the host's detail::gather_full, the boxing tests' oracle.
-  [[nodiscard]] std::vector<T> to_full() const {
-    const std::vector<T> mine = download();
-    return detail::gather_full<T>(placement_.host(), shape_, nd_sbp::value, std::span<const T>(mine));
+  /// The sum of every line (f32).
+  template <class T, class Where>
+  static void sum_lines(const Where& where, cuda::device_span<const T> x, cuda::device_span<T> out,
+                        const detail::around& v) {
+    if (!f32<T>()) return;
+    cuda::device_guard on(where.device());
+    cuda::detail::sum_lines(x.data(), out.data(), v.outer, v.rows, v.inner, where.stream());
   }
-
-  /// The op of the partial entries (sum when there are none).
-  static constexpr reduce_op partial_op() noexcept { return detail::partial_op_of(nd_sbp::value); }
-
-  /// A shard of `count` elements from the placement's device pool (its contents undefined).
-  static shard_type acquire(const placement_type& where, std::size_t count) {
-    return shard_type{where.pool().acquire(count * sizeof(T)), count};
+  /// The lookup; waits for its id check and returns the first bad position, or none.
+  template <class T, class Where>
+  static std::optional<std::size_t> embedding(const Where& where, cuda::device_span<const T> w,
+                                              cuda::device_span<const std::int64_t> ids, cuda::device_span<T> out,
+                                              std::size_t cols, std::int64_t lo, std::int64_t rows,
+                                              std::int64_t vocab) {
+    shard<unsigned long long> bad = acquire<unsigned long long>(where, 1);
+    cuda::device_guard on(where.device());
+    cuda::detail::embedding_rows(sizeof(T), w.data(), ids.data(), out.data(), ids.size(), cols, lo, rows, vocab,
+                                 bad.span().data(), where.stream());
+    const unsigned long long first = read(where, elements(std::as_const(bad)), 0);
+    give_back(where, std::move(bad));
+    if (first == ~0ULL) return std::nullopt;
+    return static_cast<std::size_t>(first);
+  }
+  /// out [cols, rows] = in [rows, cols] transposed (tiles through shared memory).
+  template <class T, class Where>
+  static void transpose(const Where& where, cuda::device_span<const T> in, cuda::device_span<T> out, std::size_t rows,
+                        std::size_t cols) {
+    cuda::device_guard on(where.device());
+    cuda::detail::transpose_2d(sizeof(T), in.data(), out.data(), rows, cols, where.stream());
+  }
+  /// One convolution pass (f32): per sample an im2col or col2im kernel and one cuBLAS GEMM; the weight
+  /// gradient accumulates the samples' GEMMs in sample order (beta = 1 after the first), as the host.
+  template <class T, class Where>
+  static void conv(const Where& where, detail::conv_pass pass, const local::conv2d_geometry& g,
+                   cuda::device_span<const T> a, cuda::device_span<const T> b, cuda::device_span<T> c) {
+    if constexpr (!std::is_same_v<T, float>) {
+      (void)sizeof(diagnostic::device_conv2d_needs_f32<T>);
+    } else {
+      if (c.size() == 0) return;
+      const std::size_t crs = g.in_channels * g.kernel_h * g.kernel_w, pq = g.out_height() * g.out_width();
+      const std::size_t chw = g.in_channels * g.height * g.width, k = g.out_channels;
+      if (crs == 0 || pq == 0 || (pass != detail::conv_pass::grad_weight && k == 0) ||
+          (pass == detail::conv_pass::grad_weight && g.batch == 0))
+        return fill(where, c, 0.0f);  // an empty sum
+      const cudaStream_t s = where.stream();
+      cuda::blas& la = where.linear_algebra();
+      shard<float> col = acquire<float>(where, crs * pq);
+      cuda::device_guard on(where.device());
+      for (std::size_t n = 0; n < g.batch; ++n) {
+        if (pass == detail::conv_pass::forward) {  // y_n [K, PQ] = w [K, CRS] col [CRS, PQ]
+          cuda::detail::im2col(g, a.data() + n * chw, col.span().data(), s);
+          la.gemm(cuda::transpose::no, cuda::transpose::no, k, pq, crs, 1.0f, b,
+                  cuda::device_span<const float>(col.span()), 0.0f, c.subspan(n * k * pq, k * pq), s);
+        } else if (pass == detail::conv_pass::grad_input) {  // dcol [CRS, PQ] = w^T dy_n; dx_n = col2im(dcol)
+          la.gemm(cuda::transpose::yes, cuda::transpose::no, crs, pq, k, 1.0f, b, a.subspan(n * k * pq, k * pq), 0.0f,
+                  col.span(), s);
+          cuda::detail::col2im(g, col.span().data(), c.data() + n * chw, s);
+        } else {  // dw [K, CRS] (+)= dy_n [K, PQ] col_n^T
+          cuda::detail::im2col(g, a.data() + n * chw, col.span().data(), s);
+          la.gemm(cuda::transpose::no, cuda::transpose::yes, k, crs, pq, 1.0f, b.subspan(n * k * pq, k * pq),
+                  cuda::device_span<const float>(col.span()), n == 0 ? 0.0f : 1.0f, c, s);
+        }
+      }
+      give_back(where, std::move(col));
+    }
   }
 
  private:
-  global_tensor(const placement_type& where, shape_t shape) : placement_(where), shape_(std::move(shape)) {
-    detail::check_split_axes<Sbp>(where.parent().rank(), shape_);
+  /// True for float; else the diagnostic (a compile error).
+  template <class T>
+  static constexpr bool f32() {
+    if constexpr (!std::is_same_v<T, float>) (void)sizeof(diagnostic::device_kernel_needs_f32<T>);
+    return std::is_same_v<T, float>;
   }
-
-  placement_type placement_;
-  shape_t shape_;
-  shard_type local_;
 };
-
-/// A host tensor's copy on the device placement `gpu` (whose host() must be t's placement).
-template <element T, sbp_type S, std::size_t N>
-global_tensor<T, S, memory::cuda> to_device(const global_tensor<T, S, host>& t, const cuda::device_placement<N>& gpu) {
-  return global_tensor<T, S, memory::cuda>::upload(gpu, t);
-}
-
-/// A device tensor's copy in host memory, on its placement's host() (no communication).
-template <element T, sbp_type S>
-global_tensor<T, S, host> to_host(const global_tensor<T, S, memory::cuda>& t) {
-  const auto& where = t.where().host();
-  return global_tensor<T, S, host>::adopt(where, t.shape(),
-                                          where.pool().acquire_copy(std::span<const T>(t.download())));
-}
-
-// ---- boxing on the device ------------------------------------------------------------------------
-
-namespace detail {
-
-/// One mesh axis's boxing on the device: the axis's device communicator, the shape its group holds
-/// jointly, my shard, the pool and the stream (the device form of axis_view).
-template <class T>
-struct device_axis_view {
-  cuda::device_communicator& comm;
-  shape_t group_shape;
-  cuda::device_shard<T> local;
-  cuda::device_pool& pool;
-  cudaStream_t stream;
-
-  [[nodiscard]] int rank() const noexcept { return comm.rank(); }
-  [[nodiscard]] int size() const noexcept { return comm.size(); }
-  cuda::device_shard<T> acquire(std::size_t count) { return {pool.acquire(count * sizeof(T)), count}; }
-  void replace(cuda::device_shard<T>&& next) {
-    pool.give_back(std::move(local.block));
-    local = std::move(next);
-  }
-  void recycle(cuda::device_shard<T>&& spare) { pool.give_back(std::move(spare.block)); }
-};
-
-/// The box of block `k` along `axis` of `shape` cut by `parts` (offset and extent).
-inline box axis_block(const shape_t& shape, std::size_t axis, const part& k) {
-  shape_t at(shape.size(), 0);
-  at[axis] = k.offset;
-  return box{at, with_extent(shape, axis, k.count)};
-}
-
-/// The largest block when `shape`'s axis is cut by `parts` (every rank's padded block size).
-inline std::size_t largest_block(const shape_t& shape, std::size_t axis, const std::vector<part>& parts) {
-  std::size_t most = 0;
-  for (const part& k : parts) most = std::max(most, k.count);
-  return elements_of(with_extent(shape, axis, most));
-}
-
-/// True when the blocks along `axis` are equal and lie one after another in row-major order.
-inline bool contiguous_equal_blocks(const shape_t& shape, std::size_t axis, const std::vector<part>& parts) {
-  const around a(shape, axis);
-  for (const part& k : parts)
-    if (k.count != parts.front().count) return false;
-  return a.outer == 1;
-}
-
-template <class T, one_axis_sbp X>
-void box_axis_device(device_axis_view<T>&, X, X) {}
-
-/// P(op) -> B: the device allreduce, in place.
-template <class T, reduce_op Op>
-void box_axis_device(device_axis_view<T>& v, partial<Op>, broadcast) {
-  v.comm.allreduce(v.local.span(), Op, v.stream);
-}
-
-/// P(op) -> S(i): the destinations' blocks packed one after another (each padded to the largest;
-/// nothing to pack when they already lie so), one device reduce_scatter, my block is the result.
-template <class T, reduce_op Op, int I>
-void box_axis_device(device_axis_view<T>& v, partial<Op>, split<I>) {
-  const int p = v.size();
-  if (p == 1) return;
-  const auto parts = parts_of(v.group_shape[I], p);
-  const std::size_t block = largest_block(v.group_shape, I, parts);
-  const shape_t zero(v.group_shape.size(), 0);
-  cuda::device_shard<T> packed;
-  if (!contiguous_equal_blocks(v.group_shape, I, parts)) {
-    packed = v.acquire(block * static_cast<std::size_t>(p));
-    for (std::size_t k = 0; k < parts.size(); ++k) {
-      const box b = axis_block(v.group_shape, I, parts[k]);
-      cuda::copy_box<T>(v.local.span(), v.group_shape, b.offset, packed.span().subspan(k * block, b.elements()),
-                        b.extent, zero, b.extent, v.stream);
-    }
-  }
-  const cuda::device_span<const T> send = packed.count ? packed.span() : v.local.span();
-  cuda::device_shard<T> mine = v.acquire(block);
-  v.comm.reduce_scatter(send, mine.span(), Op, v.stream);
-  mine.count = axis_block(v.group_shape, I, parts[static_cast<std::size_t>(v.rank())]).elements();
-  v.recycle(std::move(packed));
-  v.replace(std::move(mine));
-}
-
-/// S(i) -> B: one device allgather of every shard (padded to the largest), then each block copied to
-/// its place in the result (nothing to place when the blocks are equal and outermost).
-template <class T, int I>
-void box_axis_device(device_axis_view<T>& v, split<I>, broadcast) {
-  const int p = v.size();
-  const auto parts = parts_of(v.group_shape[I], p);
-  const std::size_t block = largest_block(v.group_shape, I, parts);
-  cuda::device_shard<T> send;
-  if (v.local.count != block) {  // padded to the common block size
-    send = v.acquire(block);
-    cuda::copy_async(send.span().first(v.local.count), cuda::device_span<const T>(v.local.span()), v.stream);
-  }
-  const bool in_place = contiguous_equal_blocks(v.group_shape, I, parts);
-  cuda::device_shard<T> gathered = v.acquire(block * static_cast<std::size_t>(p));
-  v.comm.allgather(cuda::device_span<const T>(send.count ? send.span() : v.local.span()), gathered.span(), v.stream);
-  v.recycle(std::move(send));
-  if (in_place) {
-    v.replace(std::move(gathered));
-    return;
-  }
-  cuda::device_shard<T> out = v.acquire(elements_of(v.group_shape));
-  const shape_t zero(v.group_shape.size(), 0);
-  for (std::size_t k = 0; k < parts.size(); ++k) {
-    const box b = axis_block(v.group_shape, I, parts[k]);
-    cuda::copy_box<T>(gathered.span().subspan(k * block, b.elements()), b.extent, zero, out.span(), v.group_shape,
-                      b.offset, b.extent, v.stream);
-  }
-  v.recycle(std::move(gathered));
-  v.replace(std::move(out));
-}
-
-/// S(i) -> S(j), i != j: block k of mine (my rows of i, rank k's rows of j) packed at k x block
-/// (padded to the largest), one device alltoall, rank k's block placed at its rows of i in the result.
-template <class T, int I, int J>
-requires(I != J) void box_axis_device(device_axis_view<T>& v, split<I>, split<J>) {
-  const int p = v.size();
-  const auto me = static_cast<std::size_t>(v.rank());
-  const auto rows_i = parts_of(v.group_shape[I], p), rows_j = parts_of(v.group_shape[J], p);
-  const shape_t mine_now = with_extent(v.group_shape, I, rows_i[me].count);
-  const shape_t mine_next = with_extent(v.group_shape, J, rows_j[me].count);
-  std::size_t most_i = 0, most_j = 0;
-  for (const part& k : rows_i) most_i = std::max(most_i, k.count);
-  for (const part& k : rows_j) most_j = std::max(most_j, k.count);
-  const std::size_t block = elements_of(with_extent(with_extent(v.group_shape, I, most_i), J, most_j));
-  const shape_t zero(v.group_shape.size(), 0);
-  cuda::device_shard<T> send = v.acquire(block * static_cast<std::size_t>(p));
-  for (std::size_t k = 0; k < rows_j.size(); ++k) {
-    const box b = axis_block(mine_now, J, rows_j[k]);
-    cuda::copy_box<T>(v.local.span(), mine_now, b.offset, send.span().subspan(k * block, b.elements()), b.extent, zero,
-                      b.extent, v.stream);
-  }
-  cuda::device_shard<T> received = v.acquire(block * static_cast<std::size_t>(p));
-  v.comm.alltoall(cuda::device_span<const T>(send.span()), received.span(), v.stream);
-  v.recycle(std::move(send));
-  cuda::device_shard<T> next = v.acquire(elements_of(mine_next));
-  for (std::size_t k = 0; k < rows_i.size(); ++k) {
-    const box b = axis_block(mine_next, I, rows_i[k]);
-    cuda::copy_box<T>(received.span().subspan(k * block, b.elements()), b.extent, zero, next.span(), mine_next,
-                      b.offset, b.extent, v.stream);
-  }
-  v.recycle(std::move(received));
-  v.replace(std::move(next));
-}
-
-/// B -> S(i): keep my rows (local): the same block, shortened, when they are its front; else one copy.
-template <class T, int I>
-void box_axis_device(device_axis_view<T>& v, broadcast, split<I>) {
-  const part mine = balanced_part(v.group_shape[I], v.size(), v.rank());
-  const box b = axis_block(v.group_shape, I, mine);
-  if (around(v.group_shape, I).outer == 1 && mine.offset == 0) {
-    v.local.count = b.elements();
-    return;
-  }
-  cuda::device_shard<T> out = v.acquire(b.elements());
-  cuda::copy_box<T>(v.local.span(), v.group_shape, b.offset, out.span(), b.extent, shape_t(b.extent.size(), 0),
-                    b.extent, v.stream);
-  v.replace(std::move(out));
-}
-
-/// B -> P(op): sum keeps the values at coordinate 0 and zeros elsewhere; max and min keep them.
-template <class T, reduce_op Op>
-void box_axis_device(device_axis_view<T>& v, broadcast, partial<Op>) {
-  if (Op == reduce_op::sum && v.rank() != 0) cuda::fill(v.local.span(), T{}, v.stream);
-}
-
-/// S(i) -> P(op): my rows in a full-shape tensor of the op's identity (local).
-template <class T, int I, reduce_op Op>
-void box_axis_device(device_axis_view<T>& v, split<I>, partial<Op>) {
-  const box b = axis_block(v.group_shape, I, balanced_part(v.group_shape[I], v.size(), v.rank()));
-  cuda::device_shard<T> out = v.acquire(elements_of(v.group_shape));
-  cuda::fill(out.span(), partial_identity<T>(Op), v.stream);
-  cuda::copy_box<T>(v.local.span(), b.extent, shape_t(b.extent.size(), 0), out.span(), v.group_shape, b.offset,
-                    b.extent, v.stream);
-  v.replace(std::move(out));
-}
-
-/// P(a) -> P(b), a != b: routes go through B (reached only by a hand-made route).
-template <class T, reduce_op A, reduce_op B>
-requires(A != B) void box_axis_device(device_axis_view<T>& v, partial<A>, partial<B>) {
-  throw error_on<usage_error>(v.rank(), "box_axis", "P(", name_of(A), ") -> P(", name_of(B),
-                              ") has no one-step transform; box through B");
-}
-
-/// Runs mesh axis d of one route step on my device shard (`local`, the shard under `before`) on the
-/// axis's device communicator (the device form of run_axis).
-template <class T, std::size_t MeshRank, one_axis_sbp From, one_axis_sbp To>
-void run_axis_device(const cuda::device_placement<MeshRank>& where, const shape_t& shape, const nd_parallel& before,
-                     std::size_t d, cuda::device_shard<T>& local) {
-  device_axis_view<T> v{where.axis(d), shard_box(shape, before, where.shape(), where.coords(), d).extent,
-                        std::move(local), where.pool(), where.stream()};
-  box_axis_device(v, From{}, To{});
-  local = std::move(v.local);
-}
-
-/// Runs the static route R on my device shard, one box_axis_device overload per step.
-template <class T, std::size_t MeshRank, route R>
-void run_route_device(const cuda::device_placement<MeshRank>& where, const shape_t& shape,
-                      cuda::device_shard<T>& local) {
-  [&]<std::size_t... K>(std::index_sequence<K...>) {
-    (run_axis_device<T, MeshRank, type_of<R.steps[K].from>, type_of<R.steps[K].to>>(where, shape, R.before[K],
-                                                                                    R.steps[K].axis, local),
-     ...);
-  }
-  (std::make_index_sequence<R.count>{});
-}
-
-}  // namespace detail
-
-/// Boxing of a device tensor, consuming it: the route to<To>(t) takes on the host (route_for), each
-/// mesh axis's step on that axis's device communicator. Collective over t's mesh.
-template <sbp_type To, element T, sbp_type From>
-requires(!same_layout<From, To>) auto to(global_tensor<T, From, memory::cuda>&& t) {
-  if constexpr (nd_of<From>::mesh_rank != nd_of<To>::mesh_rank) {
-    detail::check_mesh_rank<From, To>();
-  } else {
-    constexpr std::size_t N = nd_of<From>::mesh_rank;
-    const cuda::device_placement<N> where = t.where();
-    const shape_t shape = t.shape();
-    cuda::device_shard<T> local = std::move(t).release();
-    if (where.contains_me()) {
-      const std::size_t chosen = cheapest(candidates_of<From, To>, extents_of(where.shape()));
-      [&]<std::size_t... C>(std::index_sequence<C...>) {
-        ((chosen == C ? detail::run_route_device<T, N, candidates_of<From, To>.routes[C]>(where, shape, local)
-                      : void()),
-         ...);
-      }
-      (std::make_index_sequence<candidates_of<From, To>.count>{});
-    }
-    return global_tensor<T, To, memory::cuda>::adopt(where, shape, std::move(local));
-  }
-}
 
 /// The predicted seconds of boxing a device tensor of `shape` (elements of `element_bytes` bytes) from
 /// `from` to `to` on `gpu`: the route plan() takes, each step priced on its mesh axis's device
@@ -680,396 +581,6 @@ template <sbp_type From, sbp_type To, std::size_t N>
 double boxing_seconds(const shape_t& shape, const cuda::device_placement<N>& gpu, std::size_t element_bytes = 4) {
   detail::check_mesh_rank<From, To>();
   return boxing_seconds(shape, nd_of<From>::value, nd_of<To>::value, gpu, element_bytes);
-}
-
-/// Boxing of a device tensor that stays usable: boxes a copy.
-template <sbp_type To, element T, sbp_type From>
-requires(!same_layout<From, To>) auto to(const global_tensor<T, From, memory::cuda>& t) { return to<To>(t.clone()); }
-
-/// Placement change of a device tensor: it moves to `dest` (another mesh of ranks of the same parent
-/// communicator: n -> m ranks, 1 -> n, n -> 1, another mesh shape) and takes the SBP To there, as the
-/// host's to<To>(t, placement). Partial entries are summed on the source mesh by its device
-/// communicators; the pieces then go through host memory (a download, the host placement change's
-/// one alltoall_v over the parent, an upload: the device communicators are per mesh axis, none spans
-/// both meshes); B -> P where To is partial is local on the destination. Collective over the parent.
-template <sbp_type To, element T, sbp_type From, std::size_t N2>
-auto to(const global_tensor<T, From, memory::cuda>& t, const cuda::device_placement<N2>& dest) {
-  static_assert(nd_of<To>::mesh_rank == N2,
-                "flexpar::sbp::to<Sbp>(t, device_placement): the target SBP needs one entry per axis of the "
-                "destination placement's mesh");
-  using Src = detail::sbp_type_of<detail::without_partial(nd_of<From>::value), false>;
-  using Dst = detail::sbp_type_of<detail::without_partial(nd_of<To>::value), false>;
-  auto&& summed = to<Src>(t);  // the source's partial entries summed on the device
-  const global_tensor<T, Dst> moved = to<Dst>(to_host(summed), dest.host());
-  const shape_t shape = t.shape();
-  auto boxed = to<nd_of<To>>(global_tensor<T, Dst, memory::cuda>::upload(dest, moved));  // B -> P: local
-  return global_tensor<T, To, memory::cuda>::adopt(dest, shape, std::move(boxed).release());
-}
-
-// ---- ops on the device ---------------------------------------------------------------------------
-
-namespace diagnostic {
-/// Instantiated when an op is given one host and one device tensor.
-template <class Left, class Right>
-struct operands_in_different_memory {
-  static_assert(detail::dependent_false<Left>,
-                "flexpar::sbp: one operand lives in host memory and the other in device memory (memory::cuda). "
-                "Bring them together first: to_device(host_tensor, device_placement) copies a host tensor to "
-                "the GPU, to_host(device_tensor) copies a device tensor back.");
-};
-/// Instantiated for a device matmul of an element type cuBLAS is not called with here.
-template <class T>
-struct device_matmul_needs_f32_or_bf16 {
-  static_assert(detail::dependent_false<T>,
-                "flexpar::sbp::matmul on device tensors runs cublasGemmEx in f32 or bf16 (f32 accumulation): "
-                "its element type must be float or flexpar::bfloat16.");
-};
-}  // namespace diagnostic
-
-namespace detail {
-template <class MA, class MB>
-constexpr bool different_memory = !std::is_same_v<MA, MB>;
-
-template <class TA, class TB>
-void require_same_device_placement(const TA& a, const TB& b, const char* op) {
-  if (!(a.where() == b.where()))
-    throw error_on<usage_error>(a.where().parent().rank(), op, "the operands live on different placements (",
-                                a.where().describe(), " and ", b.where().describe(),
-                                "); box one with a placement change");
-}
-}  // namespace detail
-
-/// Matrix product of device tensors: the host signatures, the local product by cuBLAS on the
-/// placement's stream (f32, or bf16 with f32 accumulation).
-template <element T, sbp_type A, sbp_type B>
-auto matmul(const global_tensor<T, A, memory::cuda>& a, const global_tensor<T, B, memory::cuda>& b) {
-  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, bfloat16>) {
-    (void)sizeof(diagnostic::device_matmul_needs_f32_or_bf16<T>);
-    return;
-  } else if constexpr (!detail::same_mesh_rank<A, B>()) {
-    return;
-  } else {
-    constexpr nd_signature_result sig = nd_signature(detail::matmul_rule{}, nd_of<A>::value, nd_of<B>::value);
-    if constexpr (!sig.ok) {
-      (void)sizeof(diagnostic::matmul_has_no_signature<A, B, detail::fix_type<detail::matmul_rule, A, B>>);
-      return;
-    } else {
-      using Out = detail::sbp_type_of<sig.out, detail::both_one_axis<A, B>>;
-      using result = global_tensor<T, Out, memory::cuda>;
-      detail::require_same_device_placement(a, b, "matmul");
-      if (a.shape().size() != 2 || b.shape().size() != 2 || a.shape()[1] != b.shape()[0])
-        throw error_on<usage_error>(a.where().parent().rank(), "matmul", "shapes ", to_string(a.shape()), " x ",
-                                    to_string(b.shape()), " do not multiply ([m, k] x [k, n])");
-      const shape_t out_shape{a.shape()[0], b.shape()[1]};
-      if (!a.where().contains_me()) return result::adopt(a.where(), out_shape, {});
-      const shape_t la = a.local_shape(), lb = b.local_shape();
-      if (la[1] != lb[0])
-        throw error_on<usage_error>(a.where().parent().rank(), "matmul", "local shards ", to_string(la), " x ",
-                                    to_string(lb), " do not multiply");
-      cuda::device_shard<T> c = result::acquire(a.where(), la[0] * lb[1]);  // beta = 0: every element written
-      if (c.count > 0) {
-        if (la[1] == 0)
-          cuda::fill(c.span(), T{}, a.where().stream());
-        else
-          a.where().linear_algebra().gemm(cuda::transpose::no, cuda::transpose::no, la[0], lb[1], la[1], 1.0f,
-                                          a.to_local(), b.to_local(), 0.0f, c.span(), a.where().stream());
-      }
-      return result::adopt(a.where(), out_shape, std::move(c));
-    }
-  }
-}
-
-/// Element-wise sum of device tensors (the host signatures), one pass of cuda::reduce_into.
-template <element T, sbp_type A, sbp_type B>
-auto add(const global_tensor<T, A, memory::cuda>& a, const global_tensor<T, B, memory::cuda>& b) {
-  if constexpr (!detail::same_mesh_rank<A, B>()) {
-    return;
-  } else {
-    constexpr nd_signature_result sig = nd_signature(detail::add_rule{}, nd_of<A>::value, nd_of<B>::value);
-    if constexpr (!sig.ok) {
-      (void)sizeof(diagnostic::add_has_no_signature<A, B, detail::fix_type<detail::add_rule, A, B>>);
-      return;
-    } else {
-      using result = global_tensor<T, A, memory::cuda>;
-      detail::require_same_device_placement(a, b, "add");
-      detail::require_same_shape(a, b, "add");
-      cuda::device_shard<T> out = result::acquire(a.where(), a.to_local().size());
-      cuda::reduce_into(out.span(), a.to_local(), b.to_local(), reduce_op::sum, a.where().stream());
-      return result::adopt(a.where(), a.shape(), std::move(out));
-    }
-  }
-}
-
-/// Element-wise product of device tensors (the host signatures), one pass of cuda::reduce_into (prod).
-template <element T, sbp_type A, sbp_type B>
-auto mul(const global_tensor<T, A, memory::cuda>& a, const global_tensor<T, B, memory::cuda>& b) {
-  if constexpr (!detail::same_mesh_rank<A, B>()) {
-    return;
-  } else {
-    constexpr nd_signature_result sig = nd_signature(detail::mul_rule{}, nd_of<A>::value, nd_of<B>::value);
-    if constexpr (!sig.ok) {
-      (void)sizeof(diagnostic::mul_has_no_signature<A, B, detail::fix_type<detail::mul_rule, A, B>>);
-      return;
-    } else {
-      using result = global_tensor<T, detail::sbp_type_of<sig.out, detail::both_one_axis<A, B>>, memory::cuda>;
-      detail::require_same_device_placement(a, b, "mul");
-      detail::require_same_shape(a, b, "mul");
-      cuda::device_shard<T> out = result::acquire(a.where(), a.to_local().size());
-      cuda::reduce_into(out.span(), a.to_local(), b.to_local(), reduce_op::prod, a.where().stream());
-      return result::adopt(a.where(), a.shape(), std::move(out));
-    }
-  }
-}
-
-/// max(x, 0) of a float device tensor (the host signatures: any SBP but P).
-template <sbp_type A>
-auto relu(const global_tensor<float, A, memory::cuda>& t) {
-  if constexpr (nd_of<A>::value.any_partial()) {
-    (void)sizeof(diagnostic::relu_has_no_signature_for_partial<A>);
-    return;
-  } else {
-    global_tensor<float, A, memory::cuda> out = t.clone();
-    cuda::relu(out.to_local(), t.where().stream());
-    return out;
-  }
-}
-
-namespace detail {
-/// The shard of `t` as [outer, rows, inner] around tensor axis `axis`. @throws usage_error naming `op`
-/// when `axis` is not an axis of the tensor.
-template <sbp_type A>
-around device_lines(const global_tensor<float, A, memory::cuda>& t, int axis, const char* op) {
-  if (static_cast<std::size_t>(axis) >= t.shape().size())
-    throw error_on<usage_error>(t.where().parent().rank(), op, "axis ", axis, " of a tensor of shape ",
-                                to_string(t.shape()));
-  return around(t.local_shape(), static_cast<std::size_t>(axis));
-}
-}  // namespace detail
-
-/// The GELU of a float device tensor (the host signatures: S and B, not P), in double rounded once.
-template <sbp_type A>
-auto gelu(const global_tensor<float, A, memory::cuda>& t) {
-  constexpr nd_signature_result sig = nd_signature(signature::gelu, nd_of<A>::value);
-  if constexpr (!sig.ok) {
-    (void)sizeof(diagnostic::gelu_has_no_signature_for_partial<A>);
-    return;
-  } else {
-    global_tensor<float, A, memory::cuda> out = t.clone();
-    cuda::detail::gelu_in_place(out.to_local().data(), out.to_local().size(), t.where().stream());
-    return out;
-  }
-}
-
-/// Softmax over tensor axis Axis of a float device tensor (the axis whole on every rank, as on the host).
-template <int Axis, sbp_type A>
-auto softmax(const global_tensor<float, A, memory::cuda>& t) {
-  constexpr nd_signature_result sig =
-      nd_signature([](const parallel& p) { return signature::softmax(p, Axis); }, nd_of<A>::value);
-  if constexpr (!sig.ok) {
-    (void)sizeof(diagnostic::softmax_has_no_signature<A, Axis>);
-    return;
-  } else {
-    const detail::around v = detail::device_lines(t, Axis, "softmax");
-    global_tensor<float, A, memory::cuda> out = t.clone();
-    cuda::detail::softmax_lines(out.to_local().data(), v.outer, v.rows, v.inner, t.where().stream());
-    return out;
-  }
-}
-
-/// Layer normalization over tensor axis Axis of a float device tensor (as the host's layer_norm).
-template <int Axis, sbp_type A>
-auto layer_norm(const global_tensor<float, A, memory::cuda>& t, double eps = 1e-5) {
-  constexpr nd_signature_result sig =
-      nd_signature([](const parallel& p) { return signature::layer_norm(p, Axis); }, nd_of<A>::value);
-  if constexpr (!sig.ok) {
-    (void)sizeof(diagnostic::layer_norm_has_no_signature<A, Axis>);
-    return;
-  } else {
-    const detail::around v = detail::device_lines(t, Axis, "layer_norm");
-    global_tensor<float, A, memory::cuda> out = t.clone();
-    cuda::detail::layer_norm_lines(out.to_local().data(), v.outer, v.rows, v.inner, eps, t.where().stream());
-    return out;
-  }
-}
-
-/// Sum over tensor axis Axis of a float device tensor, which is removed; over a split axis the result
-/// is P(sum) (the host signatures).
-template <int Axis, sbp_type A>
-auto reduce_sum(const global_tensor<float, A, memory::cuda>& t) {
-  constexpr nd_signature_result sig =
-      nd_signature([](const parallel& p) { return signature::reduce_sum(p, Axis); }, nd_of<A>::value);
-  if constexpr (!sig.ok) {
-    (void)sizeof(diagnostic::reduce_sum_has_no_signature<A, Axis>);
-    return;
-  } else {
-    using result = global_tensor<float, detail::sbp_type_of<sig.out, one_axis_sbp<A>>, memory::cuda>;
-    const detail::around v = detail::device_lines(t, Axis, "reduce_sum");
-    shape_t out_shape = t.shape();
-    out_shape.erase(out_shape.begin() + Axis);
-    if (!t.where().contains_me()) return result::adopt(t.where(), out_shape, {});
-    cuda::device_shard<float> out = result::acquire(t.where(), v.outer * v.inner);
-    cuda::detail::sum_lines(t.to_local().data(), out.span().data(), v.outer, v.rows, v.inner, t.where().stream());
-    return result::adopt(t.where(), out_shape, std::move(out));
-  }
-}
-
-/// The rows of `weight` [V, D] that `ids` [N] name, on the device (the host signatures: (S(0), B) ->
-/// P(sum), (S(1), B) -> S(1), (B, S(0)) -> S(0), (B, B) -> B). Every id is checked against V: the call
-/// waits for the lookup and throws usage_error naming the first id outside [0, V) and its position.
-template <element T, sbp_type W, sbp_type I>
-auto embedding(const global_tensor<T, W, memory::cuda>& weight,
-               const global_tensor<std::int64_t, I, memory::cuda>& ids) {
-  if constexpr (!detail::same_mesh_rank<W, I>()) {
-    return;
-  } else {
-    constexpr nd_signature_result sig = nd_signature(detail::embedding_rule{}, nd_of<W>::value, nd_of<I>::value);
-    if constexpr (!sig.ok) {
-      (void)sizeof(diagnostic::embedding_has_no_signature<W, I, detail::fix_type<detail::embedding_rule, W, I>>);
-      return;
-    } else {
-      using result = global_tensor<T, detail::sbp_type_of<sig.out, detail::both_one_axis<W, I>>, memory::cuda>;
-      detail::require_same_device_placement(weight, ids, "embedding");
-      const int rank = weight.where().parent().rank();
-      if (weight.shape().size() != 2 || ids.shape().size() != 1)
-        throw error_on<usage_error>(rank, "embedding", "weight ", to_string(weight.shape()), " and ids ",
-                                    to_string(ids.shape()), ": it needs weight [V, D] and ids [N]");
-      const shape_t out_shape{ids.shape()[0], weight.shape()[1]};
-      if (!weight.where().contains_me()) return result::adopt(weight.where(), out_shape, {});
-      const box rows = weight.my_box();
-      const std::size_t n = ids.to_local().size(), cols = rows.extent[1];
-      cuda::device_shard<T> out = result::acquire(weight.where(), n * cols);
-      if (n > 0) {
-        cuda::device_shard<unsigned long long> bad{weight.where().pool().acquire(sizeof(unsigned long long)), 1};
-        const cudaStream_t s = weight.where().stream();
-        cuda::detail::embedding_rows(sizeof(T), weight.to_local().data(), ids.to_local().data(), out.span().data(), n,
-                                     cols, static_cast<std::int64_t>(rows.offset[0]),
-                                     static_cast<std::int64_t>(rows.extent[0]),
-                                     static_cast<std::int64_t>(weight.shape()[0]), bad.span().data(), s);
-        const unsigned long long first =
-            cuda::to_host(cuda::device_span<const unsigned long long>(bad.span()), s,
-                          weight.where().parent().settings().timeout, "flexpar::sbp::embedding (device): the id check")
-                .front();
-        weight.where().pool().give_back(std::move(bad.block));
-        if (first != ~0ULL) {
-          const std::size_t at = static_cast<std::size_t>(first);
-          const std::int64_t id =
-              cuda::to_host(ids.to_local().subspan(at, 1), s, weight.where().parent().settings().timeout,
-                            "flexpar::sbp::embedding (device): the bad id")
-                  .front();
-          throw error_on<usage_error>(rank, "embedding", "id ", id, " (position ", at,
-                                      " of my ids) is outside the vocabulary of ", weight.shape()[0], " rows");
-        }
-      }
-      return result::adopt(weight.where(), out_shape, std::move(out));
-    }
-  }
-}
-
-/// Transpose of a 2-D device tensor (the host signatures: a split moves to the other axis, B and P
-/// stay): the shard transposed by one tiled kernel.
-template <element T, sbp_type A>
-auto transpose(const global_tensor<T, A, memory::cuda>& t) {
-  constexpr nd_signature_result sig = nd_signature(signature::transpose, nd_of<A>::value);
-  if constexpr (!sig.ok) {
-    (void)sizeof(diagnostic::transpose_has_no_signature<A>);
-    return;
-  } else {
-    using result = global_tensor<T, detail::sbp_type_of<sig.out, one_axis_sbp<A>>, memory::cuda>;
-    if (t.shape().size() != 2)
-      throw error_on<usage_error>(t.where().parent().rank(), "transpose", "a tensor of shape ", to_string(t.shape()),
-                                  " is not 2-D");
-    const shape_t ls = t.local_shape();
-    cuda::device_shard<T> out = result::acquire(t.where(), t.to_local().size());
-    cuda::detail::transpose_2d(sizeof(T), t.to_local().data(), out.span().data(), ls[0], ls[1], t.where().stream());
-    return result::adopt(t.where(), shape_t{t.shape()[1], t.shape()[0]}, std::move(out));
-  }
-}
-
-namespace diagnostic {
-/// Instantiated for a device convolution in another element type than f32.
-template <class T>
-struct device_conv2d_needs_f32 {
-  static_assert(detail::dependent_false<T>,
-                "flexpar::sbp::conv2d on device tensors runs im2col + cublasGemmEx in f32: its element type must "
-                "be float.");
-};
-}  // namespace diagnostic
-
-namespace detail {
-/// conv_static's local pass on device shards (conv2d, conv2d_grad_input, conv2d_grad_weight on device
-/// tensors: the host ops' signatures, shapes and errors): per sample, an im2col or col2im kernel and
-/// one cuBLAS GEMM on the placement's stream; grad_weight accumulates the samples' GEMMs in sample
-/// order (beta = 1 after the first), as the host does.
-template <class T, std::size_t N>
-cuda::device_shard<T> conv_shard(const cuda::device_placement<N>& where, int rank, conv_pass pass, const shape_t& la,
-                                 cuda::device_span<const T> a, const shape_t& lb, cuda::device_span<const T> b,
-                                 const shape_t& out, std::size_t pad) {
-  if constexpr (!std::is_same_v<T, float>) {
-    (void)sizeof(diagnostic::device_conv2d_needs_f32<T>);
-    return {};
-  } else {
-    const local::conv2d_geometry g = conv_geometry_of(rank, pass, la, lb, out, pad);
-    cuda::device_shard<float> c{where.pool().acquire(elements_of(out) * sizeof(float)), elements_of(out)};
-    if (c.count == 0) return c;
-    const cudaStream_t s = where.stream();
-    const std::size_t crs = g.in_channels * g.kernel_h * g.kernel_w, pq = g.out_height() * g.out_width();
-    const std::size_t chw = g.in_channels * g.height * g.width, k = g.out_channels;
-    cuda::blas& la_ = where.linear_algebra();
-    if (crs == 0 || pq == 0 || (pass != conv_pass::grad_weight && k == 0) ||
-        (pass == conv_pass::grad_weight && g.batch == 0)) {
-      cuda::fill(c.span(), 0.0f, s);  // an empty sum
-      return c;
-    }
-    cuda::device_shard<float> col{where.pool().acquire(crs * pq * sizeof(float)), crs * pq};
-    for (std::size_t n = 0; n < g.batch; ++n) {
-      if (pass == conv_pass::forward) {  // y_n [K, PQ] = w [K, CRS] col [CRS, PQ]
-        cuda::detail::im2col(g, a.data() + n * chw, col.span().data(), s);
-        la_.gemm(cuda::transpose::no, cuda::transpose::no, k, pq, crs, 1.0f, b,
-                 cuda::device_span<const float>(col.span()), 0.0f, c.span().subspan(n * k * pq, k * pq), s);
-      } else if (pass == conv_pass::grad_input) {  // dcol [CRS, PQ] = w^T dy_n; dx_n = col2im(dcol)
-        la_.gemm(cuda::transpose::yes, cuda::transpose::no, crs, pq, k, 1.0f, b, a.subspan(n * k * pq, k * pq), 0.0f,
-                 col.span(), s);
-        cuda::detail::col2im(g, col.span().data(), c.span().data() + n * chw, s);
-      } else {  // dw [K, CRS] (+)= dy_n [K, PQ] col_n^T
-        cuda::detail::im2col(g, a.data() + n * chw, col.span().data(), s);
-        la_.gemm(cuda::transpose::no, cuda::transpose::yes, k, crs, pq, 1.0f, b.subspan(n * k * pq, k * pq),
-                 cuda::device_span<const float>(col.span()), n == 0 ? 0.0f : 1.0f, c.span(), s);
-      }
-    }
-    where.pool().give_back(std::move(col.block));
-    return c;
-  }
-}
-}  // namespace detail
-
-/// An op given a host and a device tensor: a compile error naming to_device / to_host.
-template <element T, sbp_type A, sbp_type B, class MA, class MB>
-requires(detail::different_memory<MA, MB>) void matmul(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&) {
-  (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, A, MA>, global_tensor<T, B, MB>>);
-}
-/// An op given a host and a device tensor: a compile error naming to_device / to_host.
-template <element T, sbp_type A, sbp_type B, class MA, class MB>
-requires(detail::different_memory<MA, MB>) void add(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&) {
-  (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, A, MA>, global_tensor<T, B, MB>>);
-}
-/// An op given a host and a device tensor: a compile error naming to_device / to_host.
-template <element T, sbp_type A, sbp_type B, class MA, class MB>
-requires(detail::different_memory<MA, MB>) void mul(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&) {
-  (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, A, MA>, global_tensor<T, B, MB>>);
-}
-
-/// An op given a host and a device tensor: a compile error naming to_device / to_host.
-template <element T, sbp_type W, sbp_type I, class MW, class MI>
-requires(detail::different_memory<MW, MI>) void embedding(const global_tensor<T, W, MW>&,
-                                                          const global_tensor<std::int64_t, I, MI>&) {
-  (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, W, MW>, global_tensor<std::int64_t, I, MI>>);
-}
-
-/// An op given a host and a device tensor: a compile error naming to_device / to_host.
-template <element T, sbp_type A, sbp_type B, class MA, class MB>
-requires(detail::different_memory<MA, MB>) void conv2d(const global_tensor<T, A, MA>&, const global_tensor<T, B, MB>&,
-                                                       std::size_t) {
-  (void)sizeof(diagnostic::operands_in_different_memory<global_tensor<T, A, MA>, global_tensor<T, B, MB>>);
 }
 
 }  // namespace flexpar::sbp

@@ -20,6 +20,7 @@
 
 #include <flexpar/sbp/boxing/axis.hpp>
 #include <flexpar/sbp/boxing/cost.hpp>
+#include <flexpar/sbp/boxing/equal_blocks.hpp>
 #include <flexpar/sbp/boxing/placement_change.hpp>
 #include <flexpar/sbp/boxing/route.hpp>
 #include <flexpar/sbp/boxing/same_placement.hpp>

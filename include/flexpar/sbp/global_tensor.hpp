@@ -22,15 +22,12 @@
 #include <flexpar/collective.hpp>
 #include <flexpar/core/dtype.hpp>
 #include <flexpar/core/memory.hpp>
+#include <flexpar/sbp/backend.hpp>
 #include <flexpar/sbp/layout.hpp>
 #include <flexpar/sbp/parallel.hpp>
 #include <flexpar/sbp/placement.hpp>
 
 namespace flexpar::sbp {
-
-/// Host memory: the default memory kind of global tensors (core/memory.hpp). The device form,
-/// global_tensor<T, Sbp, memory::cuda>, is in <flexpar/cuda/sbp.hpp> (part of flexpar::cuda).
-using host = flexpar::memory::host;
 
 namespace detail {
 /// True when every partial entry of `s` uses the same op (boxing cannot commute sum and max).
@@ -189,127 +186,162 @@ std::vector<T> gather_full(const placement<N>& where, const shape_t& shape, cons
 }  // namespace detail
 
 /// A logical tensor of T over a placement with the static SBP `Sbp` (a one-axis SBP for a 1-D mesh,
-/// or sbp<...> with one entry per mesh axis). Move-only (copies of tensors are explicit: clone()).
+/// or sbp<...> with one entry per mesh axis), its shards in `Memory` (memory::host, or memory::cuda
+/// with <flexpar/cuda/sbp.hpp>: backend.hpp). Move-only (copies of tensors are explicit: clone()).
 template <element T, sbp_type Sbp, class Memory = host>
 class global_tensor {
-  static_assert(std::is_same_v<Memory, host>,
-                "flexpar::sbp::global_tensor<T, Sbp, Memory>: Memory is memory::host here; the device form "
-                "(memory::cuda) is declared in <flexpar/cuda/sbp.hpp>, part of flexpar::cuda: include it");
+  static_assert(backend<Memory>::available,
+                "flexpar::sbp::global_tensor<T, Sbp, Memory>: Memory is memory::host, or memory::cuda with "
+                "<flexpar/cuda/sbp.hpp> included (part of flexpar::cuda): include it");
   static_assert(detail::partial_ops_agree(nd_of<Sbp>::value),
                 "flexpar::sbp::global_tensor: an nd-SBP may hold partial values of one op only (P(sum) and P(max) "
                 "on two mesh axes do not commute)");
+  using mem = backend<Memory>;
 
  public:
-  using value_type = T;                                        ///< element type
-  using sbp_type = Sbp;                                        ///< the SBP as written
-  using nd_sbp = nd_of<Sbp>;                                   ///< the SBP as sbp<...>
-  static constexpr std::size_t mesh_rank = nd_sbp::mesh_rank;  ///< mesh axes
-  using placement_type = placement<mesh_rank>;                 ///< the placement it lives on
+  using value_type = T;                                                     ///< element type
+  using sbp_type = Sbp;                                                     ///< the SBP as written
+  using nd_sbp = nd_of<Sbp>;                                                ///< the SBP as sbp<...>
+  using memory_type = Memory;                                               ///< where the shards live
+  static constexpr std::size_t mesh_rank = nd_sbp::mesh_rank;               ///< mesh axes
+  using placement_type = typename mem::template placement_type<mesh_rank>;  ///< the placement it lives on
+  using shard_type = typename mem::template shard<T>;                       ///< the storage of a shard
+  using span_type = typename mem::template span<T>;                         ///< my shard's elements
+  using const_span_type = typename mem::template span<const T>;             ///< my shard's elements, read
+  using host_tensor = global_tensor<T, Sbp, host>;                          ///< the same in host memory
 
   /// Moves the shard; `other` is left empty (on the same placement).
   global_tensor(global_tensor&& other) noexcept
       : placement_(other.placement_), shape_(std::move(other.shape_)), local_(std::move(other.local_)) {
-    other.local_ = {};
+    other.local_ = shard_type{};
   }
   /// Moves the shard; the buffer this tensor held goes back to its placement's pool.
   global_tensor& operator=(global_tensor&& other) noexcept {
     if (this == &other) return *this;
-    placement_.pool().give_back(std::move(local_));
+    mem::give_back(placement_, std::move(local_));
     placement_ = other.placement_;
     shape_ = std::move(other.shape_);
     local_ = std::move(other.local_);
-    other.local_ = {};
+    other.local_ = shard_type{};
     return *this;
   }
   global_tensor(const global_tensor&) = delete;             ///< copies are explicit: clone()
   global_tensor& operator=(const global_tensor&) = delete;  ///< copies are explicit: clone()
   /// Returns the shard's buffer to the placement's pool (where the next boxing or tensor reuses it).
-  ~global_tensor() { placement_.pool().give_back(std::move(local_)); }
+  ~global_tensor() { mem::give_back(placement_, std::move(local_)); }
 
-  /// Collective over the mesh: every mesh rank passes the same full logical tensor and keeps its
-  /// shard; the only communication is the check that every mesh rank passed the same shape
+  /// Collective over the mesh: every mesh rank passes the same full logical tensor (host memory) and
+  /// keeps its shard; the only communication is the check that every mesh rank passed the same shape
   /// (detail::check_same_shape: mismatch_error naming the shapes and ranks otherwise). Under
   /// partial<sum> the mesh coordinate 0 keeps the values and the others hold zeros; under
-  /// partial<max/min> every rank keeps them (max(x, x) = x).
+  /// partial<max/min> every rank keeps them (max(x, x) = x). Another memory than the host's: the host
+  /// tensor's shard, then one upload.
   static global_tensor from_full(const placement_type& where, shape_t shape, std::span<const T> full) {
-    detail::check_same_shape(where, shape, "global_tensor::from_full");
-    check_full(where, shape, full.size(), "from_full");
-    global_tensor t(where, std::move(shape));
-    if (!where.contains_me()) return t;
-    const box mine = t.my_box();
-    t.local_ = where.pool().template acquire<T>(mine.elements());
-    copy_box<T>(full, t.shape_, mine.offset, t.local_, mine.extent, shape_t(mine.extent.size(), 0), mine.extent);
-    t.zero_partial_copies();
-    return t;
+    if constexpr (!mem::host_memory) {
+      return upload(where, host_tensor::from_full(mem::host_placement(where), std::move(shape), full));
+    } else {
+      detail::check_same_shape(where, shape, "global_tensor::from_full");
+      check_full(where, shape, full.size(), "from_full");
+      global_tensor t(where, std::move(shape));
+      if (!where.contains_me()) return t;
+      const box mine = t.my_box();
+      t.local_ = mem::template acquire<T>(where, mine.elements());
+      copy_box<T>(full, t.shape_, mine.offset, t.local_, mine.extent, shape_t(mine.extent.size(), 0), mine.extent);
+      detail::zero_partial_copies<T>(t.local_, nd_sbp::value, where.coords());
+      return t;
+    }
   }
 
   /// Collective over the mesh: mesh index `root` passes the full tensor (others pass an empty span)
-  /// and every rank receives its shard (one alltoall_v: root sends each shard once).
+  /// and every rank receives its shard (one alltoall_v: root sends each shard once; another memory
+  /// than the host's: then one upload).
   static global_tensor scatter(const placement_type& where, shape_t shape, std::span<const T> full, int root = 0) {
-    detail::check_same_shape(where, shape, "global_tensor::scatter");
-    global_tensor t(where, std::move(shape));
-    if (!where.contains_me()) return t;
-    communicator& g = where.group();
-    if (g.rank() == root) check_full(where, t.shape_, full.size(), "scatter");
-    const auto p = static_cast<std::size_t>(g.size());
-    std::vector<std::size_t> sends(p, 0), receives(p, 0);
-    aligned_vector<T> packed;
-    if (g.rank() == root) {
-      std::size_t total = 0;
-      for (int q = 0; q < g.size(); ++q)
-        total += shard_box(t.shape_, nd_sbp::value, where.shape(), where.coords_of(q)).elements();
-      packed = where.pool().template acquire<T>(total);
-      std::size_t at = 0;
-      for (int q = 0; q < g.size(); ++q) {
-        const box b = shard_box(t.shape_, nd_sbp::value, where.shape(), where.coords_of(q));
-        sends[static_cast<std::size_t>(q)] = b.elements();
-        copy_box<T>(full, t.shape_, b.offset, std::span<T>(packed).subspan(at), b.extent, shape_t(b.extent.size(), 0),
-                    b.extent);
-        at += b.elements();
+    if constexpr (!mem::host_memory) {
+      return upload(where, host_tensor::scatter(mem::host_placement(where), std::move(shape), full, root));
+    } else {
+      detail::check_same_shape(where, shape, "global_tensor::scatter");
+      global_tensor t(where, std::move(shape));
+      if (!where.contains_me()) return t;
+      communicator& g = where.group();
+      if (g.rank() == root) check_full(where, t.shape_, full.size(), "scatter");
+      const auto p = static_cast<std::size_t>(g.size());
+      std::vector<std::size_t> sends(p, 0), receives(p, 0);
+      aligned_vector<T> packed;
+      if (g.rank() == root) {
+        std::size_t total = 0;
+        for (int q = 0; q < g.size(); ++q)
+          total += shard_box(t.shape_, nd_sbp::value, where.shape(), where.coords_of(q)).elements();
+        packed = where.pool().template acquire<T>(total);
+        std::size_t at = 0;
+        for (int q = 0; q < g.size(); ++q) {
+          const box b = shard_box(t.shape_, nd_sbp::value, where.shape(), where.coords_of(q));
+          sends[static_cast<std::size_t>(q)] = b.elements();
+          copy_box<T>(full, t.shape_, b.offset, std::span<T>(packed).subspan(at), b.extent, shape_t(b.extent.size(), 0),
+                      b.extent);
+          at += b.elements();
+        }
       }
+      t.local_ = where.pool().template acquire<T>(t.my_box().elements());
+      receives[static_cast<std::size_t>(root)] = t.local_.size();
+      alltoall_v(g, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(t.local_),
+                 std::span<const std::size_t>(receives));
+      where.pool().give_back(std::move(packed));
+      detail::zero_partial_copies<T>(t.local_, nd_sbp::value, where.coords());
+      return t;
     }
-    t.local_ = where.pool().template acquire<T>(t.my_box().elements());
-    receives[static_cast<std::size_t>(root)] = t.local_.size();
-    alltoall_v(g, std::span<const T>(packed), std::span<const std::size_t>(sends), std::span<T>(t.local_),
-               std::span<const std::size_t>(receives));
-    where.pool().give_back(std::move(packed));
-    t.zero_partial_copies();
-    return t;
   }
 
-  /// Collective over the mesh: adopts `local` as this rank's shard (local.size() must be the shard
-  /// size of `shape`); no copy. Checks that every mesh rank passed the same shape (as from_full).
-  static global_tensor from_local(const placement_type& where, shape_t shape, aligned_vector<T> local) {
-    detail::check_same_shape(where, shape, "global_tensor::from_local");
+  /// Collective over the mesh: adopts `local` as this rank's shard (its size must be the shard size of
+  /// `shape`); no copy. Checks that every mesh rank passed the same shape (as from_full).
+  static global_tensor from_local(const placement_type& where, shape_t shape, shard_type local) {
+    detail::check_same_shape(mem::host_placement(where), shape, "global_tensor::from_local");
     return adopt(where, std::move(shape), std::move(local));
+  }
+  /// The same from another vector (a std::vector<T>, whose buffer need not lie on a cache line): its
+  /// elements are copied into a buffer of the placement's pool, one pass over the shard. Host memory.
+  template <class Allocator>
+  requires(mem::host_memory && !std::is_same_v<Allocator, cache_line_allocator<T>>) static global_tensor
+      from_local(const placement_type& where, shape_t shape, const std::vector<T, Allocator>& local) {
+    return from_local(where, std::move(shape), where.pool().acquire_copy(std::span<const T>(local)));
+  }
+  /// The same from elements in the tensor's memory that it does not own (a device buffer of the
+  /// caller's): copied into a shard of the placement's pool, ordered after the work on its stream.
+  static global_tensor from_local(const placement_type& where, shape_t shape,
+                                  const_span_type local) requires(!mem::host_memory) {
+    detail::check_same_shape(mem::host_placement(where), shape, "global_tensor::from_local");
+    shard_type s = acquire(where, local.size());
+    mem::copy(where, mem::elements(s), local);
+    return adopt(where, std::move(shape), std::move(s));
   }
 
   /// For ops and boxing: a tensor of this type from a shard computed from tensors whose shapes agree
   /// already (no communication; checks the shard's size only).
-  static global_tensor adopt(const placement_type& where, shape_t shape, aligned_vector<T> local) {
+  static global_tensor adopt(const placement_type& where, shape_t shape, shard_type local) {
     global_tensor t(where, std::move(shape));
-    if (!where.contains_me()) {
-      if (!local.empty())
+    const std::size_t given = mem::elements(local).size();
+    const std::size_t want = where.contains_me() ? t.my_box().elements() : 0;
+    if (given != want) {
+      mem::give_back(where, std::move(local));
+      if (!where.contains_me())
         throw error_on<usage_error>(where.parent().rank(), "global_tensor::from_local",
-                                    "this rank is outside the mesh ", where.describe(), " but passed ", local.size(),
+                                    "this rank is outside the mesh ", where.describe(), " but passed ", given,
                                     " elements");
-      return t;
-    }
-    const std::size_t want = t.my_box().elements();
-    if (local.size() != want)
       throw error_on<usage_error>(where.parent().rank(), "global_tensor::from_local", "tensor ", to_string(t.shape_),
                                   " ", to_string<Sbp>(), " has a shard of ", want, " elements ",
-                                  to_string(t.local_shape()), " on this rank, but ", local.size(), " were given");
+                                  to_string(t.local_shape()), " on this rank, but ", given, " were given");
+    }
     t.local_ = std::move(local);
     return t;
   }
 
-  /// The same from another vector (a std::vector<T>, whose buffer need not lie on a cache line): its
-  /// elements are copied into a buffer of the placement's pool, one pass over the shard.
-  template <class Allocator>
-  requires(!std::is_same_v<Allocator, cache_line_allocator<T>>) static global_tensor
-      from_local(const placement_type& where, shape_t shape, const std::vector<T, Allocator>& local) {
-    return from_local(where, std::move(shape), where.pool().acquire_copy(std::span<const T>(local)));
+  /// The shard of a host tensor on the same mesh copied to this memory (one upload, waited for: the
+  /// host tensor may go once this returns). @throws usage_error when `h` does not live on the mesh of
+  /// `where`.
+  static global_tensor upload(const placement_type& where, const host_tensor& h) requires(!mem::host_memory) {
+    if (!(h.where() == mem::host_placement(where)))
+      throw error_on<usage_error>(where.parent().rank(), "to_device", "the host tensor lives on ", h.where().describe(),
+                                  ", not on the device placement's mesh ", where.describe());
+    return adopt(where, h.shape(), mem::from_host(where, h.to_local()));
   }
 
   /// The logical shape.
@@ -318,10 +350,10 @@ class global_tensor {
   [[nodiscard]] shape_t local_shape() const {
     return placement_.contains_me() ? my_box().extent : shape_t(shape_.size(), 0);
   }
-  /// My shard, row-major.
-  [[nodiscard]] std::span<T> to_local() noexcept { return local_; }
-  /// My shard, row-major.
-  [[nodiscard]] std::span<const T> to_local() const noexcept { return local_; }
+  /// My shard, row-major, in the tensor's memory.
+  [[nodiscard]] span_type to_local() noexcept { return mem::elements(local_); }
+  /// My shard, row-major, in the tensor's memory.
+  [[nodiscard]] const_span_type to_local() const noexcept { return mem::elements(local_); }
   /// The placement.
   [[nodiscard]] const placement_type& where() const noexcept { return placement_; }
   /// The box of the logical tensor my shard covers (partial shards cover the whole tensor).
@@ -329,25 +361,37 @@ class global_tensor {
   /// An explicit deep copy.
   [[nodiscard]] global_tensor clone() const {
     global_tensor t(placement_, shape_);
-    t.local_ = placement_.pool().acquire_copy(std::span<const T>(local_));
+    t.local_ = acquire(placement_, to_local().size());
+    mem::copy(placement_, mem::elements(t.local_), to_local());
     return t;
   }
   /// Takes the storage out (the tensor is left empty); the buffer then leaves the placement's pool
   /// (boxing uses it to box in place).
-  [[nodiscard]] aligned_vector<T> release() && noexcept {
-    aligned_vector<T> out = std::move(local_);
-    local_ = {};
+  [[nodiscard]] shard_type release() && noexcept {
+    shard_type out = std::move(local_);
+    local_ = shard_type{};
     return out;
   }
+  /// My shard copied to a host vector (waits for the placement's stream where it has one).
+  [[nodiscard]] std::vector<T> download() const {
+    const auto mine = mem::readable(placement_, to_local());
+    return std::vector<T>(mine.begin(), mine.end());
+  }
 
-  /// Collective over the mesh: the full logical tensor on every mesh rank (empty outside it);
-  /// independent of boxing (detail::gather_full), the oracle of the boxing tests.
+  /// Collective over the mesh: the full logical tensor on the host of every mesh rank (empty outside
+  /// it); independent of boxing (detail::gather_full), the oracle of the boxing tests.
   [[nodiscard]] std::vector<T> to_full() const {
-    return detail::gather_full<T>(placement_, shape_, nd_sbp::value, local_);
+    const auto mine = mem::readable(placement_, to_local());
+    return detail::gather_full<T>(mem::host_placement(placement_), shape_, nd_sbp::value, std::span<const T>(mine));
   }
 
   /// The op of the partial entries (sum when there are none).
   static constexpr reduce_op partial_op() noexcept { return detail::partial_op_of(nd_sbp::value); }
+
+  /// A shard of `count` elements from the placement's pool (its contents undefined).
+  static shard_type acquire(const placement_type& where, std::size_t count) {
+    return mem::template acquire<T>(where, count);
+  }
 
  private:
   global_tensor(const placement_type& where, shape_t shape) : placement_(where), shape_(std::move(shape)) {
@@ -359,11 +403,25 @@ class global_tensor {
                                   to_string(shape), " has ", elements_of(shape), " elements but ", given,
                                   " were given");
   }
-  void zero_partial_copies() { detail::zero_partial_copies<T>(local_, nd_sbp::value, placement_.coords()); }
 
   placement_type placement_;
   shape_t shape_;
-  aligned_vector<T> local_;
+  shard_type local_;
 };
+
+/// A host tensor's copy in the memory of placement `to` (a cuda::device_placement: to_device), whose
+/// host placement must be t's.
+template <element T, sbp_type S, class Where>
+requires(!backend<memory_of<Where>>::host_memory) auto to_device(const global_tensor<T, S, host>& t, const Where& to) {
+  return global_tensor<T, S, memory_of<Where>>::upload(to, t);
+}
+
+/// A tensor's copy in host memory, on its placement's host placement (no communication).
+template <element T, sbp_type S, class M>
+requires(!backend<M>::host_memory) global_tensor<T, S, host> to_host(const global_tensor<T, S, M>& t) {
+  const auto& where = backend<M>::host_placement(t.where());
+  return global_tensor<T, S, host>::adopt(where, t.shape(),
+                                          where.pool().acquire_copy(std::span<const T>(t.download())));
+}
 
 }  // namespace flexpar::sbp

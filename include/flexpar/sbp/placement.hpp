@@ -28,6 +28,7 @@
 
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/error.hpp>
+#include <flexpar/core/memory.hpp>
 #include <flexpar/sbp/buffer_pool.hpp>
 #include <flexpar/sbp/parallel.hpp>
 
@@ -41,6 +42,8 @@ class placement {
  public:
   /// Number of mesh axes.
   static constexpr std::size_t mesh_rank = MeshRank;
+  /// Where the shards of its tensors live.
+  using memory_type = memory::host;
 
   /// Collective over `parent` (which must outlive this placement and its copies). `ranks` are the
   /// parent's ranks in the mesh, row-major (default: 0, 1, ..., size-1); their number must be the

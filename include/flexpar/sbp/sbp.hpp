@@ -18,7 +18,6 @@
 #include <flexpar/sbp/global_tensor.hpp>
 #include <flexpar/sbp/layout.hpp>
 #include <flexpar/sbp/ops.hpp>
-#include <flexpar/sbp/ops_nn.hpp>
 #include <flexpar/sbp/parallel.hpp>
 #include <flexpar/sbp/placement.hpp>
 #include <flexpar/sbp/signature.hpp>

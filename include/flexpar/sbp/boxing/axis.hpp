@@ -28,6 +28,7 @@
 #include <vector>
 
 #include <flexpar/collective.hpp>
+#include <flexpar/sbp/boxing/equal_blocks.hpp>
 #include <flexpar/sbp/boxing/strided_copy.hpp>
 #include <flexpar/sbp/boxing/strided_rounds.hpp>
 #include <flexpar/sbp/global_tensor.hpp>
@@ -37,15 +38,31 @@
 
 namespace flexpar::sbp {
 
-/// X -> X: nothing moves.
-template <element T, one_axis_sbp X>
-void box_axis(axis_view<T>&, X, X) {}
+/// X -> X: nothing moves (any memory's view).
+template <class View, one_axis_sbp X>
+void box_axis(View&, X, X) {}
 
-/// P(op) -> B: allreduce(op) of my full-shape summand, in place in the tensor's own buffer.
-template <element T, reduce_op Op>
-void box_axis(axis_view<T>& v, partial<Op>, broadcast) {
-  allreduce(v.comm, std::span<T>(v.local), Op);
+/// P(op) -> B: allreduce(op) of my full-shape summand, in place in the tensor's own buffer (any
+/// memory's view).
+template <class View, reduce_op Op>
+void box_axis(View& v, partial<Op>, broadcast) {
+  v.allreduce(v.elements(v.local), Op);
 }
+
+/// P(op) -> S(i), S(i) -> B, S(i) -> S(j) on a view of another memory than the host's: the scripts of
+/// equal blocks (boxing/equal_blocks.hpp). The host's overloads below are more specialized.
+template <class View, reduce_op Op, int I>
+void box_axis(View& v, partial<Op>, split<I>) {
+  equal_blocks::partial_to_split(v, Op, I);
+}
+/// See the P(op) -> S(i) overload for any view.
+template <class View, int I>
+void box_axis(View& v, split<I>, broadcast) {
+  equal_blocks::split_to_broadcast(v, I);
+}
+/// See the P(op) -> S(i) overload for any view.
+template <class View, int I, int J>
+requires(I != J) void box_axis(View& v, split<I>, split<J>) { equal_blocks::split_to_split(v, I, J); }
 
 /// P(op) -> S(i): reduce_scatter_v(op) in place with the result at the front of the buffer (its last
 /// reduction writes my block there: the ring's last step, or each shared-memory round's first
@@ -186,49 +203,47 @@ requires(I != J) void box_axis(axis_view<T>& v, split<I>, split<J>) {
   v.local = std::move(next);
 }
 
-/// B -> S(i): keep my rows (local); in the same buffer when axis i is the outermost.
-template <element T, int I>
-void box_axis(axis_view<T>& v, broadcast, split<I>) {
-  const part mine = balanced_part(v.group_shape[I], v.comm.size(), v.comm.rank());
+/// B -> S(i): keep my rows (local); in the same buffer when axis i is the outermost and the view can
+/// keep them there (the host moves them to the front; a device keeps them when they are the front).
+template <class View, int I>
+void box_axis(View& v, broadcast, split<I>) {
+  const part mine = balanced_part(v.group_shape[I], v.size(), v.rank());
   const detail::around a(v.group_shape, I);
-  if (a.outer == 1) {
-    detail::keep_range(v.local, mine.offset * a.inner, mine.count * a.inner);
-    return;
-  }
+  if (a.outer == 1 && v.keep_range(mine.offset * a.inner, mine.count * a.inner)) return;
   const shape_t extent = with_extent(v.group_shape, I, mine.count);
   shape_t from(v.group_shape.size(), 0);
   from[I] = mine.offset;
-  aligned_vector<T> out = v.pool.template acquire<T>(elements_of(extent));
-  copy_box<T>(v.local, v.group_shape, from, out, extent, shape_t(extent.size(), 0), extent);
-  v.pool.give_back(std::move(v.local));
-  v.local = std::move(out);
+  typename View::shard out = v.acquire(elements_of(extent));
+  v.copy_box(v.elements(v.local), v.group_shape, from, v.elements(out), extent, shape_t(extent.size(), 0), extent);
+  v.replace(std::move(out));
 }
 
 /// B -> P(op): sum keeps the values at coordinate 0 and zeros elsewhere; max and min keep them
 /// everywhere (idempotent). Local, in place.
-template <element T, reduce_op Op>
-void box_axis(axis_view<T>& v, broadcast, partial<Op>) {
-  if (Op == reduce_op::sum && v.comm.rank() != 0) std::fill(v.local.begin(), v.local.end(), T{});
+template <class View, reduce_op Op>
+void box_axis(View& v, broadcast, partial<Op>) {
+  if (Op == reduce_op::sum && v.rank() != 0) v.fill(v.elements(v.local), {});
 }
 
 /// S(i) -> P(op): my rows in a full-shape tensor of the op's identity (local).
-template <element T, int I, reduce_op Op>
-void box_axis(axis_view<T>& v, split<I>, partial<Op>) {
-  const part mine = balanced_part(v.group_shape[I], v.comm.size(), v.comm.rank());
+template <class View, int I, reduce_op Op>
+void box_axis(View& v, split<I>, partial<Op>) {
+  using T = typename View::value_type;
+  const part mine = balanced_part(v.group_shape[I], v.size(), v.rank());
   const shape_t extent = with_extent(v.group_shape, I, mine.count);
   shape_t to(v.group_shape.size(), 0);
   to[I] = mine.offset;
-  aligned_vector<T> out = v.pool.template acquire<T>(elements_of(v.group_shape), detail::partial_identity<T>(Op));
-  copy_box<T>(v.local, extent, shape_t(extent.size(), 0), out, v.group_shape, to, extent);
-  v.pool.give_back(std::move(v.local));
-  v.local = std::move(out);
+  typename View::shard out = v.acquire(elements_of(v.group_shape));
+  v.fill(v.elements(out), detail::partial_identity<T>(Op));
+  v.copy_box(v.elements(v.local), extent, shape_t(extent.size(), 0), v.elements(out), v.group_shape, to, extent);
+  v.replace(std::move(out));
 }
 
 /// P(a) -> P(b), a != b: no one-step transform; routes go through B (this overload is reached only by
 /// a hand-made dynamic route).
-template <element T, reduce_op A, reduce_op B>
-requires(A != B) void box_axis(axis_view<T>& v, partial<A>, partial<B>) {
-  throw error_on<usage_error>(v.comm.rank(), "box_axis", "P(", name_of(A), ") -> P(", name_of(B),
+template <class View, reduce_op A, reduce_op B>
+requires(A != B) void box_axis(View& v, partial<A>, partial<B>) {
+  throw error_on<usage_error>(v.rank(), "box_axis", "P(", name_of(A), ") -> P(", name_of(B),
                               ") has no one-step transform; box through B");
 }
 

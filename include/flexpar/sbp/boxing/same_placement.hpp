@@ -3,7 +3,8 @@
 // overload of its pair through that axis's sub-communicator (placement::axis(d)). For static SBPs
 // every candidate route is instantiated at compile time and the one planned on the tensor's mesh
 // runs; on a static_mesh<E...> that choice is a compile-time value too (route_on).
-// X -> X is free: to<X>(t) returns t itself (no allocation, no copy).
+// X -> X is free: to<X>(t) returns t itself (no allocation, no copy). One definition for every memory:
+// each step's view comes from the tensor's backend (backend.hpp).
 #pragma once
 
 #include <cstddef>
@@ -19,22 +20,23 @@ namespace flexpar::sbp {
 
 namespace detail {
 
-/// Runs mesh axis d of one route step on my shard (`local`, the shard under `before`).
-template <element T, std::size_t MeshRank, one_axis_sbp From, one_axis_sbp To>
-void run_axis(const placement<MeshRank>& where, const shape_t& shape, const nd_parallel& before, std::size_t d,
-              aligned_vector<T>& local) {
-  axis_view<T> v{where.axis(d), shard_box(shape, before, where.shape(), where.coords(), d).extent, std::move(local),
-                 where.pool()};
+/// Runs mesh axis d of one route step on my shard (`local`, the shard under `before`), in memory M:
+/// the box_axis overload of (From, To) on the view of that axis (backend<M>::axis).
+template <element T, class M, one_axis_sbp From, one_axis_sbp To, class Where>
+void run_axis(const Where& where, const shape_t& shape, const nd_parallel& before, std::size_t d,
+              typename backend<M>::template shard<T>& local) {
+  auto v = backend<M>::template axis<T>(where, d, shard_box(shape, before, where.shape(), where.coords(), d).extent,
+                                        std::move(local));
   box_axis(v, From{}, To{});
   local = std::move(v.local);
 }
 
 /// Runs the static route R on my shard, one box_axis overload per step.
-template <element T, std::size_t MeshRank, route R>
-void run_route(const placement<MeshRank>& where, const shape_t& shape, aligned_vector<T>& local) {
+template <element T, class M, route R, class Where>
+void run_route(const Where& where, const shape_t& shape, typename backend<M>::template shard<T>& local) {
   [&]<std::size_t... K>(std::index_sequence<K...>) {
-    (run_axis<T, MeshRank, type_of<R.steps[K].from>, type_of<R.steps[K].to>>(where, shape, R.before[K], R.steps[K].axis,
-                                                                             local),
+    (run_axis<T, M, type_of<R.steps[K].from>, type_of<R.steps[K].to>>(where, shape, R.before[K], R.steps[K].axis,
+                                                                      local),
      ...);
   }
   (std::make_index_sequence<R.count>{});
@@ -59,14 +61,11 @@ requires(!same_layout<From, To>) auto to(global_tensor<T, From, M>&& t) {
     const auto where = t.where();
     const shape_t shape = t.shape();
     detail::check_target_axes<From, To>(where.parent().rank(), shape);
-    aligned_vector<T> local = std::move(t).release();
+    auto local = std::move(t).release();
     if (where.contains_me()) {
       const std::size_t chosen = cheapest(candidates_of<From, To>, extents_of(where.shape()));  // plan() here
       [&]<std::size_t... C>(std::index_sequence<C...>) {
-        ((chosen == C
-              ? detail::run_route<T, nd_of<From>::mesh_rank, candidates_of<From, To>.routes[C]>(where, shape, local)
-              : void()),
-         ...);
+        ((chosen == C ? detail::run_route<T, M, candidates_of<From, To>.routes[C]>(where, shape, local) : void()), ...);
       }
       (std::make_index_sequence<candidates_of<From, To>.count>{});
     }

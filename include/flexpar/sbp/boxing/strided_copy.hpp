@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include <flexpar/collective.hpp>
 #include <flexpar/collective/allgather_pairwise_placed.hpp>
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/aligned_vector.hpp>
@@ -24,16 +25,65 @@
 namespace flexpar::sbp {
 
 /// What one mesh-axis transform works on: the group of that axis, the shape the group holds jointly,
-/// and my shard (replaced by the transform).
+/// and my shard (replaced by the transform). The host form of the view every box_axis overload takes;
+/// its members are what the memory-generic steps call (the device form, cuda::device_axis_view in
+/// flexpar/cuda/sbp.hpp, has the same ones): shards from the pool, copies, fills, and the collectives
+/// of equal blocks that boxing/equal_blocks.hpp scripts.
 template <element T>
 struct axis_view {
-  communicator& comm;       ///< the mesh-axis group
-  shape_t group_shape;      ///< the tensor the group holds jointly (other axes' splits applied)
-  aligned_vector<T> local;  ///< my shard under the current SBP of this axis
-  buffer_pool& pool;        ///< where temporaries and results come from and go back to
+  using value_type = T;                   ///< element type
+  using shard = aligned_vector<T>;        ///< a shard or a temporary
+  using span_type = std::span<T>;         ///< elements of a shard
+  using const_span = std::span<const T>;  ///< elements read
+  communicator& comm;                     ///< the mesh-axis group
+  shape_t group_shape;                    ///< the tensor the group holds jointly (other axes' splits applied)
+  aligned_vector<T> local;                ///< my shard under the current SBP of this axis
+  buffer_pool& pool;                      ///< where temporaries and results come from and go back to
   /// How S(i) -> B with i an inner axis streams through cache-sized slots; the same on every rank of
   /// the group. Tests pass small chunks to reach the multi-chunk paths on small tensors.
   staging stage{};
+
+  [[nodiscard]] int rank() const noexcept { return comm.rank(); }  ///< my coordinate on the axis
+  [[nodiscard]] int size() const noexcept { return comm.size(); }  ///< ranks on the axis
+  /// `count` elements from the pool (contents unspecified).
+  [[nodiscard]] shard acquire(std::size_t count) { return pool.template acquire<T>(count); }
+  /// `next` becomes my shard; the old one goes back to the pool.
+  void replace(shard&& next) {
+    pool.give_back(std::move(local));
+    local = std::move(next);
+  }
+  /// A temporary back to the pool.
+  void recycle(shard&& spare) { pool.give_back(std::move(spare)); }
+  /// The elements of `s`.
+  static span_type elements(shard& s) noexcept { return s; }
+  /// Shortens `s` to its first `count` elements (the buffer stays).
+  static void truncate(shard& s, std::size_t count) { s.resize(count); }
+  /// Keeps elements [from, from + count) of my shard as my shard, in its own buffer. True (the host
+  /// moves them to the front).
+  bool keep_range(std::size_t from, std::size_t count) {
+    if (from != 0)
+      std::copy(local.begin() + static_cast<std::ptrdiff_t>(from),
+                local.begin() + static_cast<std::ptrdiff_t>(from + count), local.begin());  // forward: dest first
+    local.resize(count);
+    return true;
+  }
+  /// copy_box (layout.hpp).
+  void copy_box(const_span src, const shape_t& src_shape, const shape_t& src_at, span_type dst,
+                const shape_t& dst_shape, const shape_t& dst_at, const shape_t& extent) {
+    flexpar::sbp::copy_box<T>(src, src_shape, src_at, dst, dst_shape, dst_at, extent);
+  }
+  /// Every element of `s` set to `value`.
+  void fill(span_type s, const T& value) { std::fill(s.begin(), s.end(), value); }
+  /// dst = src (same size).
+  void copy(span_type dst, const_span src) { std::copy(src.begin(), src.end(), dst.begin()); }
+  /// allreduce(op) of `data` in place over the axis.
+  void allreduce(span_type data, reduce_op op) { flexpar::allreduce(comm, data, op); }
+  /// reduce_scatter of equal blocks: `out` is my block of the op-reduction of every rank's `in`.
+  void reduce_scatter(const_span in, span_type out, reduce_op op) { flexpar::reduce_scatter(comm, in, out, op); }
+  /// allgather of equal blocks.
+  void allgather(const_span in, span_type out) { flexpar::allgather(comm, in, out); }
+  /// alltoall of equal blocks.
+  void alltoall(const_span in, span_type out) { flexpar::alltoall(comm, in, out); }
 };
 
 namespace detail {
