@@ -30,18 +30,10 @@ std::string_view name_of(pipeline_schedule s) noexcept {
 
 std::size_t stash_registers(pipeline_schedule s, int stages, int stage, int micro_batches, int stages_per_stream) {
   if (stages < 1 || stage < 0 || stage >= stages || micro_batches < 1 || stages_per_stream < 1) {
-    std::string text = "stash_registers(";
-    text += name_of(s);
-    text += "): stage ";
-    text += std::to_string(stage);
-    text += " of ";
-    text += std::to_string(stages);
-    text += " with ";
-    text += std::to_string(micro_batches);
-    text += " micro-batch(es) and ";
-    text += std::to_string(stages_per_stream);
-    text += " stage(s) per stream; needs 0 <= stage < stages, micro-batches >= 1 and stages per stream >= 1";
-    throw usage_error(text);
+    const std::string op = std::string("stash_registers(").append(name_of(s)).append(")");
+    throw error_on<usage_error>(no_rank, op, "stage ", stage, " of ", stages, " with ", micro_batches,
+                                " micro-batch(es) and ", stages_per_stream, " stage(s) per stream",
+                                "; needs 0 <= stage < stages, micro-batches >= 1 and stages per stream >= 1");
   }
   if (s == pipeline_schedule::gpipe) return static_cast<std::size_t>(micro_batches);
   const int interleaved = stages_per_stream > 1 ? 1 : 0;
@@ -102,19 +94,13 @@ void add_box(const float* src, float* dst, const sbp::shape_t& dst_shape, const 
     }
   }
 }
-// A stage's tensor must have the elements of its box (the layouts and the activation shapes say).
-void check_size(const tensor& t, const sbp::box& b, const char* what) {
+// A stage's tensor must have the elements of its box (the layouts and the activation shapes say);
+// `rank` is the rank of the split or gather actor that checks it (where the check runs).
+void check_size(int rank, const tensor& t, const sbp::box& b, const char* what) {
   if (t.size() == b.elements()) return;
-  std::string text = "pipeline: a tensor of ";
-  text += std::to_string(t.size());
-  text += " element(s) reached the ";
-  text += what;
-  text += " of a box of extents ";
-  text += sbp::to_string(b.extent);
-  text += " (";
-  text += std::to_string(b.elements());
-  text += " elements); the stage wrote a tensor that is not its box under its layout";
-  throw usage_error(text);
+  throw error_on<usage_error>(rank, "pipeline", "a tensor of ", t.size(), " element(s) reached the ", what,
+                              " of a box of extents ", sbp::to_string(b.extent), " (", b.elements(),
+                              " elements); the stage wrote a tensor that is not its box under its layout");
 }
 
 // The ports of stage j on mesh index i, whichever actor types its position gives it.
@@ -718,9 +704,9 @@ std::vector<stash_out*> pipeline_step::state::add_splits(port_table& at, const c
                         std::to_string(from.ranks[i]);
     auto& split = graph.add_dynamic_actor<tensor>(
         from.ranks[i], label, 1, ts.size(),
-        [whole, pieces](std::span<const tensor* const> in, std::span<tensor* const> out) {
+        [rank = from.ranks[i], whole, pieces](std::span<const tensor* const> in, std::span<tensor* const> out) {
           const tensor& src = *in[0];
-          check_size(src, whole, "split");
+          check_size(rank, src, whole, "split");
           for (std::size_t t = 0; t < out.size(); ++t) {
             out[t]->resize(pieces[t].elements());
             sbp::copy_box(std::span<const float>(src), whole.extent, sbp::relative(pieces[t].offset, whole.offset),
@@ -757,11 +743,11 @@ void pipeline_step::state::add_gathers(port_table& at, const crossing& c, const 
         (backward ? "sum gradient " : "gather activation ") + std::to_string(c.j) + "@" + std::to_string(to.ranks[k]);
     auto& gather = graph.add_dynamic_actor<tensor>(
         to.ranks[k], label, ts.size(), 1,
-        [whole, pieces, backward](std::span<const tensor* const> in, std::span<tensor* const> out) {
+        [rank = to.ranks[k], whole, pieces, backward](std::span<const tensor* const> in, std::span<tensor* const> out) {
           tensor& dst = *out[0];
           dst.assign(whole.elements(), 0.0f);
           for (std::size_t u = 0; u < in.size(); ++u) {
-            check_size(*in[u], pieces[u], backward ? "sum" : "gather");
+            check_size(rank, *in[u], pieces[u], backward ? "sum" : "gather");
             if (backward)
               add_box(in[u]->data(), dst.data(), whole.extent, sbp::relative(pieces[u].offset, whole.offset),
                       pieces[u].extent);

@@ -34,9 +34,8 @@ std::string_view name_of(sync_policy p) noexcept {
 sync_policy sync_policy_from(std::string_view name) {
   for (sync_policy p : {sync_policy::exact, sync_policy::compressed, sync_policy::relaxed})
     if (name == name_of(p)) return p;
-  std::string msg("search::sync_policy_from: no policy '");
-  msg.append(name).append("'; policies: exact compressed relaxed");
-  throw usage_error(msg);
+  throw error_on<usage_error>(no_rank, "search::sync_policy_from", "no policy '", name,
+                              "'; policies: exact compressed relaxed");
 }
 
 sync_policy policy_of(algorithm a) noexcept {
@@ -499,31 +498,16 @@ struct simulator::impl {
   }
 
   void check(std::size_t i, const soap_config& c) const {
-    if (!valid(g.ops[i], c, cl)) {
-      std::string msg("search::simulator: op ");
-      msg.append(std::to_string(i))
-          .append(" '")
-          .append(g.ops[i].name)
-          .append("': config ")
-          .append(to_string(c))
-          .append(" is not valid for a ")
-          .append(name_of(g.ops[i].kind))
-          .append(" op on ")
-          .append(std::to_string(cl.devices()))
-          .append(" devices");
-      throw usage_error(msg);
-    }
+    if (!valid(g.ops[i], c, cl))
+      throw error_on<usage_error>(no_rank, "search::simulator", "op ", i, " '", g.ops[i].name, "': config ",
+                                  to_string(c), " is not valid for a ", name_of(g.ops[i].kind), " op on ", cl.devices(),
+                                  " devices");
   }
 
   double simulate(const strategy& s) {
     if (s.size() != g.ops.size())
-      throw usage_error(std::string("search::simulator::simulate: the strategy has ")
-                            .append(std::to_string(s.size()))
-                            .append(" configs, the graph '")
-                            .append(g.name)
-                            .append("' has ")
-                            .append(std::to_string(g.ops.size()))
-                            .append(" ops"));
+      throw error_on<usage_error>(no_rank, "search::simulator::simulate", "the strategy has ", s.size(),
+                                  " configs, the graph '", g.name, "' has ", g.ops.size(), " ops");
     for (std::size_t i = 0; i < s.size(); ++i) check(i, s[i]);
     cfg = s;
     sig.clear();
@@ -541,12 +525,9 @@ struct simulator::impl {
   }
 
   double change(std::size_t i, const soap_config& c) {
-    if (!simulated) throw usage_error("search::simulator::change: call simulate() first");
+    if (!simulated) throw error_on<usage_error>(no_rank, "search::simulator::change", "call simulate() first");
     if (i >= g.ops.size())
-      throw usage_error(std::string("search::simulator::change: op ")
-                            .append(std::to_string(i))
-                            .append(" of a graph of ")
-                            .append(std::to_string(g.ops.size())));
+      throw error_on<usage_error>(no_rank, "search::simulator::change", "op ", i, " of a graph of ", g.ops.size());
     check(i, c);
     add_memory(i, false);
     cfg[i] = c;

@@ -8,7 +8,7 @@ namespace flexpar::zero {
 
 template <std::size_t MeshRank>
 std::vector<std::pair<std::string, std::vector<float>>> sharded_data_parallel<MeshRank>::state::full_parameters() {
-  if (!started) throw usage_error(at("full_parameters") + "called before start()");
+  if (!started) throw misuse("full_parameters", "called before start()");
   std::vector<std::pair<std::string, std::vector<float>>> out;
   for (std::size_t k = 0; k < buckets.size(); ++k)
     with_full(k, [&](std::span<const float> all) {

@@ -11,8 +11,8 @@ std::span<float> sharded_data_parallel<MeshRank>::state::gradient(std::string_vi
   member& m = find("gradient", name);
   bucket& b = buckets[m.bucket];
   if (m.ready)
-    throw usage_error(at("gradient") + "parameter \"" + m.name +
-                      "\": its gradient was marked ready this pass already; ask for the buffer before");
+    throw misuse("gradient", "parameter \"", m.name,
+                 "\": its gradient was marked ready this pass already; ask for the buffer before");
   if (!b.gradient_open) {
     b.gradient_open = true;
     if (accumulating_pass()) {
@@ -32,8 +32,7 @@ std::span<float> sharded_data_parallel<MeshRank>::state::gradient(std::string_vi
 template <std::size_t MeshRank>
 void sharded_data_parallel<MeshRank>::state::gradient_ready(std::string_view name) {
   member& m = find("gradient_ready", name);
-  if (m.ready)
-    throw usage_error(at("gradient_ready") + "parameter \"" + m.name + "\" was marked ready twice in one pass");
+  if (m.ready) throw misuse("gradient_ready", "parameter \"", m.name, "\" was marked ready twice in one pass");
   m.ready = true;
   bucket& b = buckets[m.bucket];
   if (accumulating_pass() && b.gradient_open) add_pass(b, m);

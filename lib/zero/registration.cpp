@@ -12,8 +12,8 @@
 
 namespace flexpar::zero::detail {
 
-void agree_on_registrations(communicator& comm, std::span<const member> members, const options& opts,
-                            const std::string& where) {
+void agree_on_registrations(communicator& comm, std::span<const member> members, const options& opts, int rank,
+                            std::string_view op) {
   enum : std::size_t { count, total, names, sizes, oversize, oversize_count, stage, bucket, fields };
   std::vector<std::int64_t> mine(fields, 0);
   std::uint64_t name_hash = fnv1a(""), size_hash = fnv1a("");
@@ -42,10 +42,9 @@ void agree_on_registrations(communicator& comm, std::span<const member> members,
   auto field = [&](std::size_t r, std::size_t f) { return all[r * fields + f]; };
   for (std::size_t r = 1; r < p; ++r)
     if (field(r, stage) != field(0, stage) || field(r, bucket) != field(0, bucket))
-      throw usage_error(where + "rank " + std::to_string(r) + " has stage " + std::to_string(field(r, stage)) +
-                        " and bucket_bytes " + std::to_string(field(r, bucket)) + ", rank 0 stage " +
-                        std::to_string(field(0, stage)) + " and bucket_bytes " + std::to_string(field(0, bucket)) +
-                        "; every rank must shard the same way");
+      throw error_on<usage_error>(rank, op, "rank ", r, " has stage ", field(r, stage), " and bucket_bytes ",
+                                  field(r, bucket), ", rank 0 stage ", field(0, stage), " and bucket_bytes ",
+                                  field(0, bucket), "; every rank must shard the same way");
   bool same = true;
   for (std::size_t r = 1; r < p; ++r)
     for (std::size_t f : {count, total, names, sizes}) same = same && field(r, f) == field(0, f);
@@ -53,10 +52,9 @@ void agree_on_registrations(communicator& comm, std::span<const member> members,
     const std::int64_t i = field(0, oversize);
     if (i < 0) return;
     const member& m = members[static_cast<std::size_t>(i)];
-    throw usage_error(where + "parameter " + std::to_string(i) + " (\"" + m.name + "\") has " +
-                      std::to_string(m.count) + " values (" + std::to_string(m.count * sizeof(float)) +
-                      " bytes), more than a bucket holds (bucket_bytes = " + std::to_string(opts.bucket_bytes) +
-                      "); raise options::bucket_bytes");
+    throw error_on<usage_error>(
+        rank, op, "parameter ", i, " (\"", m.name, "\") has ", m.count, " values (", m.count * sizeof(float),
+        " bytes), more than a bucket holds (bucket_bytes = ", opts.bucket_bytes, "); raise options::bucket_bytes");
   }
   // The first index at which some rank's (name, size) differs from rank 0's: gather the pairs.
   std::size_t longest = 0;
@@ -96,9 +94,8 @@ void agree_on_registrations(communicator& comm, std::span<const member> members,
     const auto* first = reinterpret_cast<const char*>(names_all.data()) + off;
     return "\"" + std::string(first, counts[static_cast<std::size_t>(r)]) + "\" of " + std::to_string(n) + " values";
   };
-  throw usage_error(where + "parameter " + std::to_string(index) + " is " + describe(0) + " on rank 0 but " +
-                    describe(other) + " on rank " + std::to_string(other) +
-                    "; every rank must register the same parameters in the same order");
+  throw error_on<usage_error>(rank, op, "parameter ", index, " is ", describe(0), " on rank 0 but ", describe(other),
+                              " on rank ", other, "; every rank must register the same parameters in the same order");
 }
 
 }  // namespace flexpar::zero::detail

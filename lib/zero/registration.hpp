@@ -7,6 +7,7 @@
 #include <flexpar/zero/sharded_data_parallel.hpp>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace flexpar::zero::detail {
 
@@ -22,9 +23,10 @@ struct member {
 /// Collective over `comm`: every rank contributes (count, total, hash of names, hash of sizes, first
 /// parameter over the bucket limit and its size, stage, bucket_bytes); on a difference the first
 /// differing parameter's name and size on every rank are gathered to name both sides.
-/// @throws usage_error (on every rank, its text prefixed by `where`) when the ranks differ in their
-///         stage or bucket_bytes, in their parameters, or when a parameter is larger than a bucket.
-void agree_on_registrations(communicator& comm, std::span<const member> members, const options& opts,
-                            const std::string& where);
+/// @throws usage_error (on every rank, "[rank `rank`] `op`: ...": the caller's rank and operation) when
+///         the ranks differ in their stage or bucket_bytes, in their parameters, or when a parameter is
+///         larger than a bucket.
+void agree_on_registrations(communicator& comm, std::span<const member> members, const options& opts, int rank,
+                            std::string_view op);
 
 }  // namespace flexpar::zero::detail

@@ -76,8 +76,8 @@ void sharded_data_parallel<MeshRank>::state::fill_shard(std::size_t k) {
 
 template <std::size_t MeshRank>
 void sharded_data_parallel<MeshRank>::state::start() {
-  if (started) throw usage_error(at("start") + "called twice");
-  detail::agree_on_registrations(*comm, members, opts, at("start"));
+  if (started) throw misuse("start", "called twice");
+  detail::agree_on_registrations(*comm, members, opts, parent->rank(), op_name("start"));
   build_buckets();
   for (std::size_t k = 0; k < buckets.size(); ++k) {
     fill_shard(k);
@@ -125,10 +125,10 @@ sharded_data_parallel<MeshRank>::~sharded_data_parallel() = default;
 template <std::size_t MeshRank>
 void sharded_data_parallel<MeshRank>::add(std::string name, std::size_t count, initializer init) {
   state& s = *s_;
-  if (s.started) throw usage_error(s.at("add") + "parameter \"" + name + "\" added after start()");
-  if (!init) throw usage_error(s.at("add") + "parameter \"" + name + "\" has no initializer");
+  if (s.started) throw s.misuse("add", "parameter \"", name, "\" added after start()");
+  if (!init) throw s.misuse("add", "parameter \"", name, "\" has no initializer");
   if (!s.by_name.emplace(name, s.members.size()).second)
-    throw usage_error(s.at("add") + "parameter \"" + name + "\" is registered twice");
+    throw s.misuse("add", "parameter \"", name, "\" is registered twice");
   s.members.push_back({std::move(name), count, std::move(init)});
 }
 

@@ -100,22 +100,26 @@ struct sharded_data_parallel<MeshRank>::state {
 
   // ---- lookups and errors ----------------------------------------------------------------------
 
-  [[nodiscard]] std::string at(std::string_view op) const {
-    return on_rank(parent->rank(), std::string("zero::").append(op));
+  /// "zero::gather": the operation a message names (the public member that was called).
+  [[nodiscard]] static std::string op_name(std::string_view op) { return std::string("zero::").append(op); }
+
+  /// A usage_error "[rank R] zero::op: parts...", R the caller's rank in the parent communicator.
+  template <class... Parts>
+  [[nodiscard]] usage_error misuse(std::string_view op, const Parts&... parts) const {
+    return error_on<usage_error>(parent->rank(), op_name(op), parts...);
   }
 
   member& find(std::string_view op, std::string_view name) {
     auto it = by_name.find(name);
     if (it == by_name.end()) {
-      std::string text = at(op);
-      text.append("parameter \"").append(name).append("\" was never registered (");
-      text.append(std::to_string(members.size())).append(" are");
+      std::string text = error_text(parent->rank(), op_name(op), "parameter \"", name, "\" was never registered (",
+                                    members.size(), " are");
       for (std::size_t i = 0; i < members.size() && i < 4; ++i)
         text.append(i ? ", \"" : ": \"").append(members[i].name).append("\"");
       if (members.size() > 4) text.append(", ...");
       throw usage_error(text.append(")"));
     }
-    if (!started) throw usage_error(at(op) + "called before start()");
+    if (!started) throw misuse(op, "called before start()");
     return members[it->second];
   }
 

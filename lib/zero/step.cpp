@@ -6,11 +6,11 @@ namespace flexpar::zero {
 
 template <std::size_t MeshRank>
 bool sharded_data_parallel<MeshRank>::state::step(optimizer& opt) {
-  if (!started) throw usage_error(at("step") + "called before start()");
+  if (!started) throw misuse("step", "called before start()");
   for (std::size_t k = 0; k < buckets.size(); ++k)
     if (buckets[k].views > 0)
-      throw usage_error(at("step") + "a view of parameter \"" + members[buckets[k].members.front()].name +
-                        "\"'s bucket is alive; views end before step() updates the parameters");
+      throw misuse("step", "a view of parameter \"", members[buckets[k].members.front()].name,
+                   "\"'s bucket is alive; views end before step() updates the parameters");
   for (std::size_t k = 0; k < buckets.size(); ++k) reduce(k);
   for (bucket& b : buckets) {
     b.gradient_open = false;
