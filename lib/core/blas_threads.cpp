@@ -14,6 +14,15 @@ int openblas_get_num_threads(void);
 #pragma weak openblas_set_num_threads
 #pragma weak openblas_get_num_threads
 
+extern "C" float cblas_sdot(int n, const float* x, int incx, const float* y, int incy);
+
+namespace {
+// A strong reference to the BLAS (every CBLAS has cblas_sdot): an --as-needed link keeps a library only
+// for a strong reference, and with the weak ones above alone a program that calls nothing else of the
+// BLAS would run without it, its thread control null.
+__attribute__((used)) float (*const keeps_the_blas_linked)(int, const float*, int, const float*, int) = &cblas_sdot;
+}  // namespace
+
 namespace flexpar {
 
 int size_blas_threads(int blas_threads, int ranks_on_node, std::optional<std::string> (*lookup)(std::string_view)) {
