@@ -22,10 +22,10 @@ Anything else fails, naming file:line and the throw's first line.
 import argparse
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from planted_copy import prove_it_fails  # noqa: E402
 
 SOURCE = re.compile(r"\.(hpp|cpp|h|cu|cuh)$")
 MARKER = re.compile(r"//\s*throw:\s*\S")
@@ -266,30 +266,14 @@ def planted(root):
     """Copies include/ and lib/ into a temporary tree, checks that the copy passes, plants a throw of a
     hand-written message and checks that the check fails naming its file and line."""
     victim = "lib/core/config.cpp"
-    with tempfile.TemporaryDirectory(prefix="error_builder.") as tmp:
-        for d in ("include", "lib"):
-            shutil.copytree(os.path.join(root, d), os.path.join(tmp, d))
-        me = [sys.executable, os.path.abspath(__file__), "--root", tmp]
-        clean = subprocess.run(me, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if clean.returncode != 0:
-            print(f"planted: the unplanted copy fails already (exit {clean.returncode}):\n{clean.stdout}")
-            return 1
-        path = os.path.join(tmp, victim)
-        with open(path) as f:
-            lines = f.read().split("\n")
+
+    def plant(lines):
         at = max(i for i, l in enumerate(lines) if l.startswith("}")) + 1
         lines[at:at] = ["", "void planted_fault() { throw flexpar::usage_error(\"config: a hand-written message\"); }"]
-        with open(path, "w") as f:
-            f.write("\n".join(lines))
-        bad = subprocess.run(me, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        print(f"planted: {victim}:{at + 2}: a throw of a hand-written message; the check says (exit "
-              f"{bad.returncode}):\n{bad.stdout}", end="")
-        expected = f"{victim}:{at + 2}: a throw that does not build its message"
-        if bad.returncode == 0 or expected not in bad.stdout:
-            print(f"planted: FAILED: expected a non-zero exit and a line starting '{expected}'")
-            return 1
-        print("planted: the check caught the planted throw")
-        return 0
+        return lines, at + 2
+
+    return prove_it_fails(__file__, root, ("include", "lib"), (), victim, plant,
+                          lambda line: f"{victim}:{line}: a throw that does not build its message", "planted throw")
 
 
 def main():

@@ -22,10 +22,10 @@ Checks, each failure naming file:line, both layers and the rule broken:
 import argparse
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from planted_copy import prove_it_fails  # noqa: E402
 
 DOC = "doc/architecture.md"
 SOURCE = re.compile(r"\.(hpp|cpp|h|cu|cuh|in)$")
@@ -68,13 +68,13 @@ def closure(table):
     """{layer: every layer it may include}, through the table's lines."""
     out = {}
     for name in table:
-        seen, todo = set(), list(table[name])
-        while todo:
-            b = todo.pop()
+        seen, frontier = set(), list(table[name])
+        while frontier:
+            b = frontier.pop()
             if b in seen or b not in table:
                 continue
             seen.add(b)
-            todo.extend(table[b])
+            frontier.extend(table[b])
         out[name] = seen
     return out
 
@@ -184,32 +184,16 @@ def planted(root):
     upward include (a collective header including an engine header) and checks that the check fails
     naming that file and both layers."""
     victim = "include/flexpar/collective/cost.hpp"
-    with tempfile.TemporaryDirectory(prefix="layer_order.") as tmp:
-        for d in ("include", "lib"):
-            shutil.copytree(os.path.join(root, d), os.path.join(tmp, d))
-        os.makedirs(os.path.join(tmp, "doc"))
-        shutil.copy(os.path.join(root, DOC), os.path.join(tmp, DOC))
-        me = [sys.executable, os.path.abspath(__file__), "--root", tmp]
-        clean = subprocess.run(me, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if clean.returncode != 0:
-            print(f"planted: the unplanted copy fails already (exit {clean.returncode}):\n{clean.stdout}")
-            return 1
-        path = os.path.join(tmp, victim)
-        with open(path) as f:
-            lines = f.read().split("\n")
+
+    def plant(lines):
         last = max(i for i, l in enumerate(lines) if INCLUDE.match(l))
         lines.insert(last + 1, "#include <flexpar/engine/engine.hpp>")
-        with open(path, "w") as f:
-            f.write("\n".join(lines))
-        bad = subprocess.run(me, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        print(f"planted: {victim}:{last + 2}: #include <flexpar/engine/engine.hpp>; the check says (exit "
-              f"{bad.returncode}):\n{bad.stdout}", end="")
-        expected = f"{victim}:{last + 2}: collective -> engine: includes include/flexpar/engine/engine.hpp: runs back up"
-        if bad.returncode == 0 or expected not in bad.stdout:
-            print(f"planted: FAILED: expected a non-zero exit and a line starting '{expected}'")
-            return 1
-        print("planted: the check caught the planted include")
-        return 0
+        return lines, last + 2
+
+    return prove_it_fails(
+        __file__, root, ("include", "lib"), (DOC,), victim, plant,
+        lambda line: f"{victim}:{line}: collective -> engine: includes include/flexpar/engine/engine.hpp: runs back up",
+        "planted include")
 
 
 def main():

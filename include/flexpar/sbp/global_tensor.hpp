@@ -374,8 +374,11 @@ class global_tensor {
   }
   /// My shard copied to a host vector (waits for the placement's stream where it has one).
   [[nodiscard]] std::vector<T> download() const {
-    const auto mine = mem::readable(placement_, to_local());
-    return std::vector<T>(mine.begin(), mine.end());
+    auto mine = mem::readable(placement_, to_local());
+    if constexpr (std::is_same_v<decltype(mine), std::vector<T>>)
+      return mine;  // a download already
+    else
+      return std::vector<T>(mine.begin(), mine.end());
   }
 
   /// Collective over the mesh: the full logical tensor on the host of every mesh rank (empty outside

@@ -226,15 +226,6 @@ void pack_piece(std::span<const T> data, const around& v, const part& rows, std:
   });
 }
 
-/// Keeps elements [from, from + n) of `v` as all of `v`, in its own buffer (no new allocation).
-template <class T>
-void keep_range(aligned_vector<T>& v, std::size_t from, std::size_t n) {
-  if (from != 0)
-    std::copy(v.begin() + static_cast<std::ptrdiff_t>(from), v.begin() + static_cast<std::ptrdiff_t>(from + n),
-              v.begin());  // forward: dest first
-  v.resize(n);
-}
-
 }  // namespace detail
 
 }  // namespace flexpar::sbp

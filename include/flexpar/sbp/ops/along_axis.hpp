@@ -38,9 +38,7 @@ aligned_vector<T> along_axis_pair(const global_tensor<T, X, M>& x, const global_
                                   const char* op, Row row) {
   require_same_placement(x, dy, op);
   require_same_shape(x, dy, op);
-  if (static_cast<std::size_t>(axis) >= x.shape().size())
-    throw error_on<usage_error>(x.where().parent().rank(), op, "axis ", axis, " of a tensor of shape ",
-                                to_string(x.shape()));
+  require_axis(x.where().parent().rank(), x.shape(), axis, op);
   aligned_vector<T> out = x.where().pool().template acquire<T>(x.to_local().size());
   if (!out.empty()) {
     const around v(x.local_shape(), static_cast<std::size_t>(axis));
