@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <thread>
@@ -47,6 +48,54 @@ TEST(buffer_pool, a_returned_buffer_is_handed_out_again) {
   flexpar::aligned_vector<float> c = pool.acquire<float>(1000);  // grows back into its capacity
   EXPECT_EQ(c.data(), where);
   EXPECT_EQ(c.size(), 1000u);
+}
+
+/// A block the pool knows only through pool_block<>, as it knows the device's: bytes that are all
+/// usable (size = capacity), made by the pool on a miss.
+struct byte_block {
+  std::unique_ptr<std::byte[]> bytes;
+  std::size_t n = 0;
+};
+
+}  // namespace
+
+template <>
+struct pool_block<byte_block> {
+  using value_type = std::byte;
+  static std::size_t capacity(const byte_block& b) noexcept { return b.n; }
+  static std::size_t size(const byte_block& b) noexcept { return b.n; }
+  static byte_block make(std::size_t n) { return {std::make_unique<std::byte[]>(n), n}; }
+};
+
+namespace {
+
+TEST(buffer_pool, blocks_of_another_memory_take_the_same_size_classes_and_bound) {
+  buffer_pool pool(4096);
+  byte_block a = pool.acquire_block<byte_block>(1000);
+  ASSERT_EQ(a.n, 1000u);
+  const std::byte* where = a.bytes.get();
+  pool.give_back(std::move(a));
+  EXPECT_EQ(a.n, 0u);
+  EXPECT_EQ(pool.cached_bytes(), 1000u);
+  byte_block b = pool.acquire_block<byte_block>(600);  // the same size class: the kept block
+  EXPECT_EQ(b.bytes.get(), where);
+  EXPECT_EQ(b.n, 1000u);                                 // a block keeps its capacity: the caller uses the front
+  byte_block far = pool.acquire_block<byte_block>(100);  // nothing kept: a new block
+  EXPECT_EQ(far.n, 100u);
+  byte_block big = pool.acquire_block<byte_block>(4000);
+  pool.give_back(std::move(big));
+  pool.give_back(std::move(b));  // 4000 + 1000 > 4096: freed
+  const auto s = pool.stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 3u);
+  EXPECT_EQ(s.returned, 2u);
+  EXPECT_EQ(s.dropped, 1u);
+  EXPECT_EQ(s.filled, 0u);
+  EXPECT_EQ(pool.cached_bytes(), 4000u);
+  // host vectors of the same pool are another list: a float request never takes a byte block
+  flexpar::aligned_vector<float> v = pool.acquire<float>(10);
+  EXPECT_EQ(pool.stats().misses, 4u);
+  EXPECT_EQ(pool.cached_bytes(), 4000u);
 }
 
 /// Whether `p` starts a cache line.

@@ -1,7 +1,7 @@
 // flexpar/cuda/sbp.hpp — the SBP layer in device memory: backend<memory::cuda> (sbp/backend.hpp), so
 // that global_tensor<T, Sbp, memory::cuda>, dynamic_tensor<T, N, memory::cuda>, their boxing, placement
 // changes and ops are the host layer's own definitions over device shards. What is here is what only
-// the device has: the device pool and placement (this rank's GPU, a stream, a cuBLAS handle, one
+// the device has: its pool's blocks and its placement (this rank's GPU, a stream, a cuBLAS handle, one
 // device_communicator per mesh axis: NCCL, CUDA IPC among the ranks of one node, or staged), the view
 // the boxing steps take (their collectives of equal blocks: sbp/boxing/equal_blocks.hpp), the CUDA and
 // cuBLAS kernels of the ops, and the device's boxing cost.
@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -46,64 +45,41 @@
 #include <flexpar/sbp/ops.hpp>
 #include <flexpar/sbp/placement.hpp>
 
+namespace flexpar::sbp {
+/// Device blocks in a buffer_pool: bytes of device memory, all of them usable (size = capacity).
+template <>
+struct pool_block<cuda::device_buffer<std::byte>> {
+  using value_type = std::byte;
+  static std::size_t capacity(const cuda::device_buffer<std::byte>& b) noexcept { return b.size(); }
+  static std::size_t size(const cuda::device_buffer<std::byte>& b) noexcept { return b.size(); }
+  static cuda::device_buffer<std::byte> make(std::size_t bytes) { return cuda::device_buffer<std::byte>(bytes); }
+};
+}  // namespace flexpar::sbp
+
 namespace flexpar::cuda {
 
-/// Device memory blocks for the shards and staging buffers of one placement's device tensors: a
-/// block given back is kept (up to max_bytes in all) and handed out again for a request it fits
-/// (at most twice the bytes asked), as sbp::buffer_pool does on the host. Used by one thread.
-class device_pool {
- public:
-  /// What the pool has done (for tests and the bench: an identity boxing changes none of these).
-  struct counters {
-    std::size_t allocations = 0;  ///< blocks cudaMalloc'ed
-    std::size_t reuses = 0;       ///< requests served from a kept block
-    std::size_t kept_bytes = 0;   ///< bytes kept now
-  };
-  /// A pool keeping at most `max_bytes` of free blocks.
-  explicit device_pool(std::size_t max_bytes = std::size_t{1} << 30) : max_bytes_(max_bytes) {}
+/// Device blocks for the shards and staging buffers of one placement's device tensors: a device
+/// placement's pool is an sbp::buffer_pool (size classes, bound, counters) whose blocks are
+/// device_buffer<std::byte>, counted in bytes.
+using device_block = device_buffer<std::byte>;
 
-  /// A block of at least `bytes` (a kept one when one fits, else a new one).
-  device_buffer<std::byte> acquire(std::size_t bytes) {
-    if (bytes == 0) return {};
-    auto it = free_.lower_bound(bytes);
-    if (it != free_.end() && it->first <= 2 * bytes) {
-      device_buffer<std::byte> b = std::move(it->second);
-      c_.kept_bytes -= it->first;
-      free_.erase(it);
-      ++c_.reuses;
-      return b;
-    }
-    ++c_.allocations;
-    return device_buffer<std::byte>(bytes);
-  }
-  /// Keeps `block` for a later acquire (freed at once when the pool is full).
-  void give_back(device_buffer<std::byte>&& block) {
-    if (block.size() == 0 || c_.kept_bytes + block.size() > max_bytes_) return;
-    c_.kept_bytes += block.size();
-    const std::size_t n = block.size();
-    free_.emplace(n, std::move(block));
-  }
-  /// See counters.
-  [[nodiscard]] counters stats() const noexcept { return c_; }
-
- private:
-  std::size_t max_bytes_;
-  std::multimap<std::size_t, device_buffer<std::byte>> free_;
-  counters c_;
-};
+/// A block of room for at least `bytes` bytes from `pool` (a kept one when one fits, else cudaMalloc).
+inline device_block acquire_device_block(sbp::buffer_pool& pool, std::size_t bytes) {
+  return pool.acquire_block<device_block>(bytes);
+}
 
 /// `count` elements of T at the front of a pooled device block: the storage of a device shard.
 template <class T>
 struct device_shard {
-  device_buffer<std::byte> block;  ///< the memory (block.size() >= count * sizeof(T))
-  std::size_t count = 0;           ///< elements in use
+  device_block block;     ///< the memory (block.size() >= count * sizeof(T))
+  std::size_t count = 0;  ///< elements in use
 
   /// The elements in use.
   [[nodiscard]] device_span<T> span() const noexcept { return {reinterpret_cast<T*>(block.data()), count}; }
 };
 
 /// A placement's device side: this rank's GPU, a stream every device tensor of the placement works
-/// on, a device_pool, a cuBLAS handle, and one device_communicator per mesh axis (made at the first
+/// on, a pool of device blocks, a cuBLAS handle, and one device_communicator per mesh axis (made at the first
 /// boxing along that axis: collective over the axis's group, which every rank of it reaches in the
 /// same boxing). Cheap to copy (copies share all of it and compare equal); used by one thread.
 template <std::size_t MeshRank>
@@ -123,8 +99,8 @@ class device_placement {
   [[nodiscard]] int device() const noexcept { return s_->device; }
   /// The stream the placement's device tensors are computed and boxed on.
   [[nodiscard]] cudaStream_t stream() const noexcept { return s_->s; }
-  /// The device blocks of this placement's tensors.
-  [[nodiscard]] device_pool& pool() const noexcept { return s_->pool; }
+  /// The device blocks of this placement's tensors (at most 1 GiB kept).
+  [[nodiscard]] sbp::buffer_pool& pool() const noexcept { return s_->pool; }
   /// My group along mesh axis `d` on the device (made at its first use, collectively). NCCL (where
   /// options.use_nccl allows it) only when no two ranks of the group share a GPU: NCCL holds one
   /// rank per GPU, and ranks that share one go through CUDA IPC or staging.
@@ -183,7 +159,7 @@ class device_placement {
     int device;
     device_options options;
     cuda::stream s;
-    device_pool pool;
+    sbp::buffer_pool pool{std::size_t{1} << 30};
     std::array<std::unique_ptr<device_communicator>, MeshRank> axes{};
     std::unique_ptr<blas> la;
   };
@@ -249,13 +225,13 @@ struct device_axis_view {
   device_communicator& comm;                ///< the mesh-axis group on the device
   sbp::shape_t group_shape;                 ///< the tensor the group holds jointly
   device_shard<T> local;                    ///< my shard under the current SBP of this axis
-  device_pool& pool;                        ///< where temporaries and results come from
+  sbp::buffer_pool& pool;                   ///< where temporaries and results come from
   cudaStream_t stream;                      ///< where everything is enqueued
 
   [[nodiscard]] int rank() const noexcept { return comm.rank(); }  ///< see sbp::axis_view
   [[nodiscard]] int size() const noexcept { return comm.size(); }  ///< see sbp::axis_view
   [[nodiscard]] shard acquire(std::size_t count) {
-    return {pool.acquire(count * sizeof(T)), count};
+    return {acquire_device_block(pool, count * sizeof(T)), count};
   }  ///< see sbp::axis_view
   /// See sbp::axis_view.
   void replace(shard&& next) {
@@ -332,7 +308,7 @@ struct backend<memory::cuda> {
   template <class T, class Where>
   static shard<T> acquire(const Where& where, std::size_t n) {
     cuda::device_guard on(where.device());
-    return {where.pool().acquire(n * sizeof(T)), n};
+    return {cuda::acquire_device_block(where.pool(), n * sizeof(T)), n};
   }
   /// `s` back to the placement's device pool.
   template <class T, class Where>

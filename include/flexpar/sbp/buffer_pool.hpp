@@ -17,13 +17,18 @@
 //     most recently returned (the warmest). Without this rule a loop boxing S(0) -> B swapped two
 //     64 MiB buffers between the shard and the result and zeroed 32 MiB per call, 25% of the call;
 //   - bounded: the pool holds at most max_bytes() of capacity; a buffer that does not fit is freed;
-//   - typed lists per element type behind one object (a placement holds one pool for every T);
+//   - typed lists per block type behind one object (a placement holds one pool for every T);
 //   - thread-safe (one mutex): copies of a placement may be used from several threads.
 //
-// Ownership stays with aligned_vector<T>: a buffer is either in the pool or owned by exactly one
-// vector, so a global_tensor remains move-only and owns its shard; the pool frees what it holds
-// when it is destroyed (the placement's shared state owns it, and every tensor holds a copy of its
-// placement, so the pool outlives the buffers it may receive).
+// The blocks are host vectors (aligned_vector<T>) or any owning buffer that pool_block<> describes:
+// cuda/sbp.hpp describes device_buffer<std::byte>, so a device placement's pool is this class too,
+// with the same size classes, bound and counters (whose "filled" stays 0: a device block has no
+// initialized size apart from its capacity).
+//
+// Ownership stays with the block: a buffer is either in the pool or owned by exactly one block, so
+// a global_tensor remains move-only and owns its shard; the pool frees what it holds when it is
+// destroyed (the placement's shared state owns it, and every tensor holds a copy of its placement,
+// so the pool outlives the buffers it may receive).
 //
 // No process-global state: each placement owns its pool (placement_options::pool_bytes), or the
 // user passes one shared pool to several placements.
@@ -37,6 +42,7 @@
 #include <mutex>
 #include <new>
 #include <span>
+#include <type_traits>
 #include <typeindex>
 #include <utility>
 #include <vector>
@@ -45,7 +51,25 @@
 
 namespace flexpar::sbp {
 
-/// A bounded, thread-safe cache of aligned_vector<T> buffers of any element types (header above).
+/// How buffer_pool handles a block type: its element type, capacity and initialized size (both in
+/// elements), and a new empty block with room for n elements. Specialized for aligned_vector<T>
+/// here and for device_buffer<std::byte> in cuda/sbp.hpp.
+template <class Block>
+struct pool_block;
+
+template <class T>
+struct pool_block<aligned_vector<T>> {
+  using value_type = T;
+  static std::size_t capacity(const aligned_vector<T>& b) noexcept { return b.capacity(); }
+  static std::size_t size(const aligned_vector<T>& b) noexcept { return b.size(); }
+  static aligned_vector<T> make(std::size_t n) {
+    aligned_vector<T> v;
+    v.reserve(n);
+    return v;
+  }
+};
+
+/// A bounded, thread-safe cache of buffers of any block and element types (header above).
 class buffer_pool {
  public:
   /// What the pool has done (for tests and logs).
@@ -71,7 +95,7 @@ class buffer_pool {
   /// buffer are value-initialized.
   template <class T>
   [[nodiscard]] aligned_vector<T> acquire(std::size_t n) {
-    aligned_vector<T> v = take<T>(n);
+    aligned_vector<T> v = take<aligned_vector<T>>(n);
     v.resize(n);  // shrinking is free for trivially destructible T; growing fills only the tail
     return v;
   }
@@ -79,7 +103,7 @@ class buffer_pool {
   /// A buffer of `n` copies of `value`.
   template <class T>
   [[nodiscard]] aligned_vector<T> acquire(std::size_t n, const T& value) {
-    aligned_vector<T> v = take<T>(n);
+    aligned_vector<T> v = take<aligned_vector<T>>(n);
     v.assign(n, value);
     return v;
   }
@@ -87,18 +111,27 @@ class buffer_pool {
   /// A buffer holding a copy of `values` (a clone's shard; a std::vector adopted as a shard).
   template <class T>
   [[nodiscard]] aligned_vector<T> acquire_copy(std::span<const T> values) {
-    aligned_vector<T> v = take<T>(values.size());
+    aligned_vector<T> v = take<aligned_vector<T>>(values.size());
     v.assign(values.begin(), values.end());
     return v;
   }
 
+  /// A block of room for at least `n` elements, its contents and size unspecified (pool_block<Block>
+  /// says what size means): a cached one when one fits, else a new one. Block is the device's
+  /// block, say (cuda/sbp.hpp); host vectors come through acquire().
+  template <class Block>
+  [[nodiscard]] Block acquire_block(std::size_t n) {
+    return take<Block>(n);
+  }
+
   /// Returns `v`'s buffer to the pool (or frees it when the pool is full). Leaves `v` empty.
   /// Never throws: when the free list cannot grow, the buffer is freed instead.
-  template <class T>
-  void give_back(aligned_vector<T>&& v) noexcept {
-    aligned_vector<T> owned = std::move(v);
-    v = {};
-    const std::size_t bytes = owned.capacity() * sizeof(T);
+  template <class Block>
+  void give_back(Block&& v) noexcept requires(!std::is_lvalue_reference_v<Block>) {
+    using traits = pool_block<Block>;
+    Block owned = std::move(v);
+    v = Block{};
+    const std::size_t bytes = traits::capacity(owned) * sizeof(typename traits::value_type);
     if (bytes == 0) return;
     std::lock_guard lock(mutex_);
     if (bytes > max_bytes_ - std::min(max_bytes_, cached_bytes_)) {
@@ -106,7 +139,7 @@ class buffer_pool {
       return;  // `owned` frees it
     }
     try {
-      lists_for<T>().by_class[class_of(owned.capacity())].push_back(std::move(owned));
+      lists_for<Block>().by_class[class_of(traits::capacity(owned))].push_back(std::move(owned));
     } catch (const std::bad_alloc&) {  // the free list could not grow: free the buffer instead
       ++stats_.dropped;
       return;
@@ -140,37 +173,38 @@ class buffer_pool {
   struct lists_base {
     virtual ~lists_base() = default;
   };
-  template <class T>
+  template <class Block>
   struct typed_lists final : lists_base {
-    std::array<std::vector<aligned_vector<T>>, classes> by_class;  // class k: capacity in [2^k, 2^(k+1))
+    std::array<std::vector<Block>, classes> by_class;  // class k: capacity in [2^k, 2^(k+1))
   };
 
   static std::size_t class_of(std::size_t n) noexcept { return n == 0 ? 0 : std::bit_width(n) - 1; }
 
-  template <class T>
-  typed_lists<T>& lists_for() {
+  template <class Block>
+  typed_lists<Block>& lists_for() {
     for (auto& [type, lists] : lists_)
-      if (type == std::type_index(typeid(T))) return static_cast<typed_lists<T>&>(*lists);
-    lists_.emplace_back(std::type_index(typeid(T)), std::make_unique<typed_lists<T>>());
-    return static_cast<typed_lists<T>&>(*lists_.back().second);
+      if (type == std::type_index(typeid(Block))) return static_cast<typed_lists<Block>&>(*lists);
+    lists_.emplace_back(std::type_index(typeid(Block)), std::make_unique<typed_lists<Block>>());
+    return static_cast<typed_lists<Block>&>(*lists_.back().second);
   }
 
   /// A cached buffer of capacity >= n (class of n, or the next one), else a new empty one. Of those
   /// that fit: the least filling, then the least size cut off, then the most recently returned.
-  template <class T>
-  aligned_vector<T> take(std::size_t n) {
+  template <class Block>
+  Block take(std::size_t n) {
+    using traits = pool_block<Block>;
     if (n == 0) return {};
     {
       std::lock_guard lock(mutex_);
-      auto& lists = lists_for<T>();
+      auto& lists = lists_for<Block>();
       const std::size_t k = class_of(n);
       bool found = false;
       std::size_t best_class = 0, best_index = 0, best_fill = 0, best_cut = 0;
       for (std::size_t c = k; c < std::min(k + 2, classes); ++c) {
         auto& list = lists.by_class[c];
         for (std::size_t i = list.size(); i-- > 0;) {  // most recently returned first: wins ties
-          if (list[i].capacity() < n) continue;
-          const std::size_t size = list[i].size();
+          if (traits::capacity(list[i]) < n) continue;
+          const std::size_t size = traits::size(list[i]);
           const std::size_t fill = size < n ? n - size : 0, cut = size > n ? size - n : 0;
           if (found && (fill > best_fill || (fill == best_fill && cut >= best_cut))) continue;
           found = true;
@@ -179,18 +213,16 @@ class buffer_pool {
       }
       if (found) {
         auto& list = lists.by_class[best_class];
-        aligned_vector<T> v = std::move(list[best_index]);
+        Block v = std::move(list[best_index]);
         list.erase(list.begin() + static_cast<std::ptrdiff_t>(best_index));
-        cached_bytes_ -= v.capacity() * sizeof(T);
+        cached_bytes_ -= traits::capacity(v) * sizeof(typename traits::value_type);
         ++stats_.hits;
         stats_.filled += best_fill;  // acquire() grows the buffer into these: std::vector zeroes them
         return v;
       }
       ++stats_.misses;
     }
-    aligned_vector<T> v;
-    v.reserve(n);
-    return v;
+    return traits::make(n);
   }
 
   mutable std::mutex mutex_;
