@@ -50,10 +50,10 @@ std::string describe(const sweep_case& c, const communicator& comm, std::string_
 }
 
 /// The dtypes the sweeps run: every dtype, or those FLEXPAR_TEST_DTYPES lists by name_of
-/// ("f32,f64,bf16,i8"). The sanitized stage of scripts/test names one dtype of each element size:
-/// bounds and lifetimes in the collectives depend on the element's size, not on its arithmetic, which
-/// the Release run checks for all eight. A name that is not a dtype throws, so a typo cannot quietly
-/// run nothing.
+/// ("f32,f64,bf16,i8"). The sanitized stage of scripts/test and the Release run's worlds of 5, 7 and
+/// 8 threads name one dtype of each element size: bounds and lifetimes in the collectives depend on
+/// the element's size, not on its arithmetic, which the Release run checks for all eight at 1-4. A
+/// name that is not a dtype throws, so a typo cannot quietly run nothing.
 inline std::vector<dtype> swept_dtypes() {
   std::vector<dtype> chosen;
   const char* env = std::getenv("FLEXPAR_TEST_DTYPES");

@@ -64,17 +64,17 @@ TEST(search_execute, every_executable_strategy_equals_the_serial_model) {
   for (int p : {1, 2, 3}) {
     const std::vector<strategy> all = all_executable(g, p);
     ASSERT_EQ(all.size(), p == 1 ? 1u : 3u * 2 * 3 * 2 * 3) << p;
-    for (const strategy& s : all) {
-      ASSERT_TRUE(executable(g, s, p));
-      flexpar::run_in_process(p, [&](flexpar::communicator& comm) {
+    for (const strategy& s : all) ASSERT_TRUE(executable(g, s, p));
+    flexpar::run_in_process(p, [&](flexpar::communicator& comm) {  // one world runs them all, in turn
+      for (const strategy& s : all) {
         const execution_result r = execute_steps(comm, g, s, x, weights_of(g), 1.0f);
         std::string where("rank ");
         where.append(std::to_string(comm.rank())).append(" of ").append(std::to_string(p)).append(":");
         for (std::size_t i = 0; i < s.size(); ++i) where.append(" ").append(describe(g.ops[i], s[i]));
         ASSERT_EQ(r.output, serial.output) << where;
         ASSERT_EQ(r.weights, serial.weights) << where;
-      });
-    }
+      }
+    });
   }
 }
 
