@@ -49,9 +49,12 @@ namespace flexpar::sbp {
 /// Device blocks in a buffer_pool: bytes of device memory, all of them usable (size = capacity).
 template <>
 struct pool_block<cuda::device_buffer<std::byte>> {
-  using value_type = std::byte;
+  using value_type = std::byte;  ///< bytes
+  /// Bytes of room.
   static std::size_t capacity(const cuda::device_buffer<std::byte>& b) noexcept { return b.size(); }
+  /// Bytes usable: all of them.
   static std::size_t size(const cuda::device_buffer<std::byte>& b) noexcept { return b.size(); }
+  /// `bytes` of new device memory (cudaMalloc).
   static cuda::device_buffer<std::byte> make(std::size_t bytes) { return cuda::device_buffer<std::byte>(bytes); }
 };
 }  // namespace flexpar::sbp

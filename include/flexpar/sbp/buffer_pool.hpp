@@ -57,11 +57,13 @@ namespace flexpar::sbp {
 template <class Block>
 struct pool_block;
 
+/// Host vectors: capacity and size are the vector's own (growing within the capacity zeroes elements).
 template <class T>
 struct pool_block<aligned_vector<T>> {
-  using value_type = T;
-  static std::size_t capacity(const aligned_vector<T>& b) noexcept { return b.capacity(); }
-  static std::size_t size(const aligned_vector<T>& b) noexcept { return b.size(); }
+  using value_type = T;                                                                      ///< element type
+  static std::size_t capacity(const aligned_vector<T>& b) noexcept { return b.capacity(); }  ///< elements of room
+  static std::size_t size(const aligned_vector<T>& b) noexcept { return b.size(); }          ///< elements initialized
+  /// An empty vector with room for `n` elements.
   static aligned_vector<T> make(std::size_t n) {
     aligned_vector<T> v;
     v.reserve(n);
