@@ -1,6 +1,7 @@
 // samples/engine_async.cpp — doc/engine.md's examples: an asynchronous allreduce through the engine,
-// then gradient_sync with fp16 on the wire over two accumulated backward passes; every result checked
-// on every rank (values exact in half precision, so the expected weights are exact too).
+// then gradient_sync with fp16 on the wire over two accumulated backward passes, then a gradient in
+// gradient_sync's arena; every result checked on every rank (values exact in half precision, so the
+// expected weights are exact too).
 //
 //   mpiexec -n 2 build/samples/engine_async
 #include <cstdio>
@@ -52,6 +53,20 @@ int main(int argc, char** argv) {
     // [/snippet:gradient_sync]
     // g = sum over ranks of (rank + 1), divided by ranks x passes: (p + 1) / 4; w was rank 0's 1
     for (float x : w) wrong += x != 1 - (p + 1) / 4;
+
+    std::vector<float> w2(333, rank);
+    auto backward2 = [&](std::span<float> into) {  // the gradient (rank + 1) on each rank
+      for (float& x : into) x = rank + 1;
+    };
+    // [snippet:arena]
+    flexpar::gradient_sync arena_sync(eng, {.bucket_bytes = 64 << 10});
+    arena_sync.register_parameter("fc2.weight", std::span(w2));  // no gradient buffer: the sync's
+    const std::span<float> g2 = arena_sync.gradient<float>("fc2.weight");
+    backward2(g2);  // the backward pass writes the gradient into the arena
+    arena_sync.on_gradient_ready("fc2.weight");
+    arena_sync.synchronize();  // g2 holds the average
+    // [/snippet:arena]
+    for (float x : g2) wrong += x != (p + 1) / 2;
     std::printf("rank %d of %d: engine allreduce and gradient_sync (fp16, 2 passes), %d wrong\n", comm.rank(),
                 comm.size(), wrong);
   }

@@ -20,6 +20,11 @@
 // survivors of a dead rank agree on a communicator without it (communicator::shrink) and go on
 // training on their own shards (samples/support/shrink_and_go_on.sh).
 //
+// `--sync engine` averages the gradients through flexpar's engine instead of a relaxation: they live in
+// a gradient_sync's arena, and each bucket (`--bucket-kib`) is reduced while the backward pass goes on
+// with the layers below (support/engine_sync.hpp); "comm" is then the communication left exposed at
+// the end of the backward pass. FLEXPAR_TIMELINE=t.json shows the overlap.
+//
 // Exit status: 0, 1 (an error: each rank prints it), 2 (bad command line), 77 (no data set; ctest
 // counts it as skipped).
 #include <mpi.h>
@@ -47,6 +52,7 @@
 #include <flexpar/relax/optimizer.hpp>
 #include <flexpar/relax/registry.hpp>
 
+#include "support/engine_sync.hpp"
 #include "support/fashion_mnist.hpp"
 #include "support/mlp.hpp"
 #include "support/mlp_scores.hpp"
@@ -69,6 +75,8 @@ struct settings : fm::training_settings, fm::relaxation_settings {
   int kill_rank = -1;
   std::size_t kill_at_step = 0;
   std::string on_failure = "abort";  // or "shrink": the survivors of a dead rank go on without it
+  std::string sync = "relax";        // or "engine": gradient_sync, overlapped with the backward pass
+  std::size_t bucket_kib = 64;       // --sync engine: the arena's bucket size
 };
 
 /// Where a run stands in its data: the epoch in progress and the examples of it that all ranks
@@ -136,7 +144,21 @@ int train(const settings& opt) {
   ropt.warmup_steps = opt.warmup;
   ropt.adam.learning_rate = opt.lr;
   ropt.adam.epsilon = opt.adam_epsilon;  // onebit_adam and qadam own their Adam (they ignore `optimizer`)
-  auto algo = flexpar::relax::make(opt.algorithm, comm, ropt);
+  std::unique_ptr<flexpar::relax::relaxation> algo;
+  std::optional<flexpar::engine> eng;     // --sync engine
+  fm::engine_sync* overlapped = nullptr;  // the backward pass's parameter source then
+  if (opt.sync == "engine") {
+    if (!opt.checkpoint.empty() || opt.on_failure != "abort" || opt.algorithm != "gradient_allreduce")
+      throw flexpar::usage_error(
+          "fashion_mnist_mlp: --sync engine averages gradients exactly (gradient_allreduce's rule) and "
+          "neither checkpoints nor shrinks here: leave --algorithm, --checkpoint and --on-failure unset");
+    eng.emplace(comm);
+    auto e = std::make_unique<fm::engine_sync>(*eng, model, params, opt.bucket_kib * 1024);
+    overlapped = e.get();
+    algo = std::move(e);
+  } else {
+    algo = flexpar::relax::make(opt.algorithm, comm, ropt);
+  }
 
   // The checkpoint's contents: weights and optimizer state once (equal on every rank), the position
   // and the settings a resumed run must share (seed, batch).
@@ -222,7 +244,7 @@ int train(const settings& opt) {
       }
       if (opt.schedule == "cosine") optimizer.set_factor(fm::schedule_factor(opt.schedule, step_index, total_steps));
       const auto t0 = clock::now();
-      model.train_step(batch_x, batch_y, opt.batch, seen);
+      model.train_step(batch_x, batch_y, opt.batch, seen, overlapped);
       const auto t1 = clock::now();
       if (rank == opt.kill_rank && step_index + 1 == opt.kill_at_step) {
         std::printf("rank %d: killing itself (SIGKILL) at step %zu\n", rank, step_index + 1);
@@ -369,6 +391,12 @@ int main(int argc, char** argv) {
                  "without it")
       ->capture_default_str()
       ->check(CLI::IsMember({"abort", "shrink"}));
+  app.add_option("--sync", opt.sync,
+                 "relax (the --algorithm relaxation, after the backward pass) or engine (gradient_sync over the "
+                 "engine, its buckets reduced during the backward pass)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"relax", "engine"}));
+  app.add_option("--bucket-kib", opt.bucket_kib, "--sync engine: KiB of gradients per bucket")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (opt.optimizer == "adam" && opt.schedule == "cosine") opt.schedule = "constant";  // Adam is scale-invariant
 

@@ -104,6 +104,13 @@ config config::from_environment(const std::function<std::optional<std::string>(s
   if (auto v = whole("FLEXPAR_CACHE_CAPACITY")) c.cache_capacity = *v;
   if (auto v = seconds("FLEXPAR_STALL_WARNING_S", 0.001)) c.stall_warning = millis(*v);
   if (auto v = seconds("FLEXPAR_STALL_SHUTDOWN_S", 0)) c.stall_shutdown = millis(*v);
+  if (auto v = lookup("FLEXPAR_STEP_PLAN")) {
+    if (*v != "0" && *v != "1") bad_value("FLEXPAR_STEP_PLAN", *v, "0 or 1");
+    c.step_plan = *v == "1";
+  }
+  if (auto v = lookup("FLEXPAR_PLAN_PATIENCE_MS"))
+    c.plan_patience = std::chrono::microseconds(static_cast<long long>(
+        std::llround(1000.0 * parse_number("FLEXPAR_PLAN_PATIENCE_MS", *v, 0, "a number of milliseconds >= 0"))));
   if (auto v = lookup("FLEXPAR_TIMELINE")) c.timeline_path = *v;
   if (auto v = lookup("FLEXPAR_TIMELINE_MARK_CYCLES")) {
     if (*v != "0" && *v != "1") bad_value("FLEXPAR_TIMELINE_MARK_CYCLES", *v, "0 or 1");

@@ -1,10 +1,9 @@
 // lib/cuda/engine_backend.cpp — flexpar/cuda/engine.hpp: the engine's device backend.
 #include <flexpar/cuda/engine.hpp>
 
-#include <cuda.h>  // CUdeviceptr, CUresult: the types of cuMemGetAddressRange, reached through the runtime
-
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -17,14 +16,18 @@
 namespace flexpar::cuda {
 namespace {
 
-/// The marker behind a device_marker: an event at its position, and for a response the timing events
-/// of its phases (begin, after the copy in, after the collective, end).
+/// The timing events of a response's phases: begin, after the copy in, after the collective, end.
+struct phase_events {
+  event t0{true}, t1{true}, t2{true}, t3{true};
+};
+
+/// The marker behind a device_marker: an event at its position (without timing: a producer's position
+/// costs one cheap event), and for a response the timing events of its phases.
 struct marker {
   event end{false};
-  cudaStream_t origin = nullptr;  // the stream it was recorded on (capture) or the backend's
-  std::uint64_t sequence = 0;     // order of recording on that stream
-  bool timed = false;
-  event t0{true}, t1{true}, t2{true}, t3{true};
+  cudaStream_t origin = nullptr;        // the stream it was recorded on (capture) or the backend's
+  std::uint64_t sequence = 0;           // order of recording on that stream
+  std::unique_ptr<phase_events> timed;  // a response's (run()), not a producer's (capture())
 };
 
 marker& of(const device_marker& m) {
@@ -62,20 +65,7 @@ struct engine_backend::state {
   std::vector<std::pair<cudaStream_t, std::uint64_t>> ordered;
   std::mutex ordered_mutex;
 
-  // cuMemGetAddressRange (the driver's, through the runtime's entry point: no link to libcuda): the
-  // allocation a pointer lies in. Null when the driver does not give it.
-  using address_range_fn = CUresult (*)(CUdeviceptr* base, std::size_t* size, CUdeviceptr pointer);
-  address_range_fn address_range = nullptr;
-
-  /// Whether [begin, begin + bytes) lies in one allocation: one copy may not span two (cudaMemcpy
-  /// refuses it), even when the allocator put them back to back. False when it cannot tell.
-  bool one_allocation(const std::byte* begin, std::size_t bytes) const {
-    if (address_range == nullptr) return false;
-    CUdeviceptr base = 0;
-    std::size_t size = 0;
-    if (address_range(&base, &size, reinterpret_cast<CUdeviceptr>(begin)) != CUDA_SUCCESS) return false;
-    return reinterpret_cast<std::uintptr_t>(begin) + bytes <= static_cast<std::uintptr_t>(base) + size;
-  }
+  allocation_ranges ranges;  // tensors back to back are reduced as one only within one allocation
 
   /// My stream waits for every item's producer: for each producing stream only for its latest
   /// position among the items (a stream runs in order), so a fused run of many gradients of one
@@ -103,13 +93,6 @@ engine_backend::engine_backend(device_communicator& gpu) {
   const device_guard on(gpu.device());
   s_ = std::make_unique<state>();
   s_->gpu = &gpu;
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found) == cudaSuccess &&
-      found == cudaDriverEntryPointSuccess)
-    s_->address_range = reinterpret_cast<state::address_range_fn>(fn);
-  else
-    (void)cudaGetLastError();  // without it, tensors are fused through the fusion buffer
 }
 
 engine_backend::~engine_backend() {
@@ -142,7 +125,7 @@ device_marker engine_backend::run(collective_kind kind, dtype type, reduce_op op
   const auto p = static_cast<std::size_t>(gpu.size());
   const auto me = static_cast<std::size_t>(gpu.rank());
   auto m = std::make_shared<marker>();
-  m->timed = true;
+  m->timed = std::make_unique<phase_events>();
   m->origin = s.own;
   {
     std::lock_guard lock(s.capture_mutex);
@@ -157,16 +140,16 @@ device_marker engine_backend::run(collective_kind kind, dtype type, reduce_op op
   for (std::size_t k = 0; contiguous && k < items.size(); ++k)
     contiguous = items[k].in && items[k].in == items[k].out &&
                  (k == 0 || items[k].in == items[k - 1].in + items[k - 1].count * e);
-  contiguous = contiguous && s.one_allocation(items[0].in, total * e);
+  contiguous = contiguous && s.ranges.one_allocation(items[0].in, total * e);
   std::byte* fused = kind == collective_kind::allreduce && items.size() > 1 && !contiguous
                          ? s.grown(s.fusion, total * e)
                          : nullptr;  // allocated before the timing starts
   s.wait_for(items);
-  m->t0.record(s.own);
-  auto collective_done = [&] { m->t2.record(s.own); };
+  m->timed->t0.record(s.own);
+  auto collective_done = [&] { m->timed->t2.record(s.own); };
 
   if (contiguous) {
-    m->t1.record(s.own);
+    m->timed->t1.record(s.own);
     path = std::string(name_of(gpu.choose("allreduce", total * e).path));
     visit_dtype(type, [&](auto zero) {
       using T = decltype(zero);
@@ -191,7 +174,7 @@ device_marker engine_backend::run(collective_kind kind, dtype type, reduce_op op
       at += item.count;
     }
     s.packer.copy(in, s.own);
-    m->t1.record(s.own);
+    m->timed->t1.record(s.own);
     path = std::string(name_of(gpu.choose("allreduce", total * e).path));
     visit_dtype(type, [&](auto zero) {
       using T = decltype(zero);
@@ -200,7 +183,7 @@ device_marker engine_backend::run(collective_kind kind, dtype type, reduce_op op
     collective_done();
     s.packer.copy(out, s.own);
   } else {
-    m->t1.record(s.own);
+    m->timed->t1.record(s.own);
     device_item item = items[0];
     if (!item.out && item.in && kind != collective_kind::broadcast) {
       // the engine's caller gave too small an output: the collective runs into scratch (the other
@@ -300,7 +283,7 @@ device_marker engine_backend::run(collective_kind kind, dtype type, reduce_op op
     }
     collective_done();
   }
-  m->t3.record(s.own);
+  m->timed->t3.record(s.own);
   m->end.record(s.own);
   return m;
 }
@@ -314,7 +297,8 @@ device_phases engine_backend::phases(const device_marker& m) {
   const device_guard on(s_->gpu->device());
   marker& k = of(m);
   if (!k.timed || !k.end.done()) return {};
-  return {event::elapsed_ms(k.t0, k.t1), event::elapsed_ms(k.t1, k.t2), event::elapsed_ms(k.t2, k.t3)};
+  const phase_events& t = *k.timed;
+  return {event::elapsed_ms(t.t0, t.t1), event::elapsed_ms(t.t1, t.t2), event::elapsed_ms(t.t2, t.t3)};
 }
 
 void engine_backend::order_after(const device_marker& m, void* stream) {

@@ -112,6 +112,12 @@ void device_model::check(std::string_view op, std::span<const parameter> params)
 void device_model::apply(std::span<const parameter> params, optimizer& opt) { apply_all(params, opt, s_); }
 
 std::uint64_t device_model::average_gradients(std::span<const parameter> params, flexpar::algorithm) {
+  // one flat gradient buffer (in one allocation): reduced in place, no gather and no scatter
+  if (float* g = relax::detail::flat_model::back_to_back_gradients(params);
+      g != nullptr && ranges_.one_allocation(g, model_.size() * sizeof(float))) {
+    gpu_.allreduce(device_span<float>(g, model_.size()), reduce_op::avg, s_);
+    return relax::detail::ring_allreduce_bytes(model_.size(), gpu_.size());
+  }
   gather_gradients(params);
   gpu_.allreduce(data(), reduce_op::avg, s_);
   scatter_gradients(params);

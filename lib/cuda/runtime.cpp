@@ -1,6 +1,10 @@
 // lib/cuda/runtime.cpp — the non-template parts of flexpar/cuda/runtime.hpp.
 #include <flexpar/cuda/runtime.hpp>
 
+#include <cuda.h>  // CUdeviceptr, CUresult: the types of cuMemGetAddressRange, reached through the runtime
+
+#include <cstdint>
+
 #include <thread>
 
 namespace flexpar::cuda {
@@ -71,6 +75,27 @@ float event::elapsed_ms(const event& start, const event& stop) {
   float ms = 0;
   FLEXPAR_CHECK_CUDA(-1, cudaEventElapsedTime(&ms, start.e_, stop.e_));
   return ms;
+}
+
+allocation_ranges::allocation_ranges() {
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &address_range_, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    address_range_ = nullptr;
+    (void)cudaGetLastError();  // without it, nothing is taken for one allocation
+  }
+}
+
+bool allocation_ranges::one_allocation(const void* begin, std::size_t bytes) const {
+  if (address_range_ == nullptr) return false;
+  using address_range_fn = CUresult (*)(CUdeviceptr * base, std::size_t * size, CUdeviceptr pointer);
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  if (reinterpret_cast<address_range_fn>(address_range_)(&base, &size, reinterpret_cast<CUdeviceptr>(begin)) !=
+      CUDA_SUCCESS)
+    return false;
+  return reinterpret_cast<std::uintptr_t>(begin) + bytes <= static_cast<std::uintptr_t>(base) + size;
 }
 
 void stream_wait(cudaStream_t waiter, const event& e) {

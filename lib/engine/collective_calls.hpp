@@ -21,13 +21,18 @@ std::span<const T> typed(const std::byte* p, std::size_t n) {
   return {reinterpret_cast<const T*>(p), n};
 }
 
-inline std::string run_allreduce(communicator& comm, dtype type, std::byte* data, std::size_t count, reduce_op op) {
-  const algorithm a = choose_allreduce(comm, count * size_of(type));
+/// allreduce of `count` elements at `data` by `a`.
+inline std::string run_allreduce(communicator& comm, dtype type, std::byte* data, std::size_t count, reduce_op op,
+                                 algorithm a) {
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     allreduce(comm, typed<T>(data, count), op, a);
   });
   return std::string(name_of(a));
+}
+
+inline std::string run_allreduce(communicator& comm, dtype type, std::byte* data, std::size_t count, reduce_op op) {
+  return run_allreduce(comm, type, data, count, op, choose_allreduce(comm, count * size_of(type)));
 }
 
 /// One tensor of a fused allreduce, type-erased: `count` elements read at `in`, written at `out`.
@@ -37,14 +42,11 @@ struct byte_piece {
   std::size_t count;
 };
 
-/// A fused allreduce of `pieces` (`total` elements together) reduced straight from and into them,
-/// when `automatic` picks an algorithm that takes pieces (shared_memory): returns its name. Returns
-/// "" and runs nothing otherwise (every rank asks with the same total, so all decide alike); the
-/// caller packs then.
+/// A fused allreduce of `pieces` reduced straight from and into them (shared_memory: the caller chose
+/// it with choose_fused_allreduce, as every rank did).
 inline std::string run_allreduce_pieces(communicator& comm, dtype type, std::span<const byte_piece> pieces,
-                                        std::size_t total, reduce_op op) {
-  const algorithm a = choose_allreduce(comm, total * size_of(type));
-  if (a != algorithm::shared_memory) return {};
+                                        reduce_op op) {
+  constexpr algorithm a = algorithm::shared_memory;
   visit_dtype(type, [&](auto zero) {
     using T = decltype(zero);
     std::vector<flexpar::allreduce_piece<T>> typed_pieces;

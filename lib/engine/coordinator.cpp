@@ -88,10 +88,11 @@ std::optional<std::string> misuse_of(const std::string& name, const table_row& t
   return std::nullopt;
 }
 
-response error_response(const std::string& name, error_kind kind, std::string text) {
+response error_response(const tensor_key& key, error_kind kind, std::string text) {
   response r;
   r.type = response_type::error;
-  r.name = name;
+  r.name = key.name;
+  r.step = key.step;
   r.error = kind;
   r.text = std::move(text);
   return r;
@@ -99,14 +100,16 @@ response error_response(const std::string& name, error_kind kind, std::string te
 
 }  // namespace
 
-coordinator::coordinator(int ranks, const response_cache& cache, stall_inspector stalls, log_sink log, timeline* marks)
+coordinator::coordinator(int ranks, const response_cache& cache, stall_inspector stalls, log_sink log, timeline* marks,
+                         std::optional<plan_recorder> recorder)
     : ranks_(ranks),
       cache_(cache),
       stalls_(stalls),
       log_(std::move(log)),
       marks_(marks),
       joined_ranks_(static_cast<std::size_t>(ranks), false),
-      shutdown_ranks_(static_cast<std::size_t>(ranks), false) {}
+      shutdown_ranks_(static_cast<std::size_t>(ranks), false),
+      recorder_(std::move(recorder)) {}
 
 response_list coordinator::coordinate(std::span<const report> reports, clock::time_point now) {
   // Step 2: merge the reports into the table.
@@ -119,31 +122,82 @@ response_list coordinator::coordinate(std::span<const report> reports, clock::ti
   const bool all_joined = std::all_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; });
 
   // Step 3: complete tensors, in the order they were first seen; stalls.
-  std::vector<std::pair<std::uint64_t, std::string>> complete;
-  for (const auto& [name, t] : table_)
-    if (missing_ranks(t, joined_ranks_).empty()) complete.emplace_back(t.order, name);
-  std::sort(complete.begin(), complete.end());
+  std::vector<std::pair<std::uint64_t, tensor_key>> complete;
+  for (const auto& [key, t] : table_)
+    if (missing_ranks(t, joined_ranks_).empty()) complete.emplace_back(t.order, key);
+  std::sort(complete.begin(), complete.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   stall_findings stalled = stalls_.inspect(table_, joined_ranks_, now);
   for (const stall_notice& w : stalled.warnings) log_(w.text);
-  for (const stall_notice& s : stalled.timeouts) table_.erase(s.name);
+  for (const stall_notice& s : stalled.timeouts) table_.erase(tensor_key(s.name, s.step));
+  // Rows of skips alone, still lacking a rank, nobody waits for: they keep a late submission of that
+  // step from pairing with the next step's (the step tells them apart) for a warning interval.
+  std::erase_if(table_, [&](const auto& row) {
+    return skips_only(row.second) && !missing_ranks(row.second, joined_ranks_).empty() &&
+           now - row.second.first_seen >= stalls_.warning();
+  });
 
   response_list out;
   out.all_joined = all_joined;
   out.all_shutdown = all_shutdown;
   out.last_joined = all_joined ? last_joined_rank_ : -1;
-  for (auto& [order, name] : complete) {
-    out.responses.push_back(decide(name, table_.at(name)));
-    table_.erase(name);
+  for (auto& [order, key] : complete) {
+    if (std::optional<response> r = decide(key, table_.at(key))) out.responses.push_back(std::move(*r));
+    table_.erase(key);
   }
   for (const std::uint32_t slot : ready) {
     response& r = out.responses.emplace_back();
     r.type = response_type::run_cached;
+    r.step = slot_step_[slot];
     r.slot = slot;
   }
   for (stall_notice& s : stalled.timeouts)
-    out.responses.push_back(error_response(s.name, error_kind::timeout, std::move(s.text)));
+    out.responses.push_back(error_response(tensor_key(s.name, s.step), error_kind::timeout, std::move(s.text)));
   if (all_joined) std::fill(joined_ranks_.begin(), joined_ranks_.end(), false);
+  if (recorder_) record(out, reports);
   return out;
+}
+
+void coordinator::record(response_list& out, std::span<const report> reports) {
+  std::vector<fusion_item> items;
+  std::vector<std::optional<std::uint32_t>> slots;
+  std::vector<std::uint32_t> steps;
+  items.reserve(out.responses.size());
+  slots.reserve(out.responses.size());
+  for (const response& r : out.responses) {
+    steps.push_back(r.step);
+    if (r.type != response_type::run_cached) {
+      items.push_back(fusion_item_of(r));
+      slots.emplace_back();
+      continue;
+    }
+    const cache_entry& c = cache_.at(r.slot);
+    fusion_item x;
+    x.fusable = c.desc.kind == collective_kind::allreduce;
+    x.type = c.desc.type;
+    x.op = c.desc.op;
+    x.memory = c.desc.memory;
+    x.bytes = c.counts[0] * size_of(c.desc.type);
+    items.push_back(x);
+    slots.emplace_back(r.slot);
+  }
+  // Nothing pending anywhere: every tensor a rank reported has been answered, and no rank is joined
+  // or leaving; the ranks then switch to the plan at the same point of their submissions.
+  const bool quiet =
+      std::all_of(table_.begin(), table_.end(), [](const auto& row) { return skips_only(row.second); }) &&
+      !out.all_shutdown && std::none_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; }) &&
+      std::none_of(shutdown_ranks_.begin(), shutdown_ranks_.end(), [](bool d) { return d; }) &&
+      std::none_of(reports.begin(), reports.end(), [](const report& r) { return r.joined; });
+  if (auto plan = recorder_->observe(items, slots, steps, quiet)) {
+    if (addresses_)
+      for (std::vector<std::uint32_t>& bucket : *plan)
+        std::stable_sort(bucket.begin(), bucket.end(), [&](std::uint32_t a, std::uint32_t b) {
+          const auto at = [&](std::uint32_t slot) {
+            return slot < addresses_->size() ? reinterpret_cast<std::uintptr_t>((*addresses_)[slot]) : 0;
+          };
+          return at(a) < at(b);
+        });
+    out.plan = std::move(*plan);
+  }
 }
 
 std::vector<std::uint32_t> coordinator::ready_by_slot(std::span<const report> reports, clock::time_point now) {
@@ -155,13 +209,24 @@ std::vector<std::uint32_t> coordinator::ready_by_slot(std::span<const report> re
       std::any_of(reports.begin(), reports.end(), [](const report& r) { return r.joined; }))
     return ready;
   slot_reports_.assign(cache_.size(), 0);
+  slot_step_.assign(cache_.size(), 0);
+  slot_steps_differ_.assign(cache_.size(), false);
   for (const report& r : reports)
-    for (const std::uint32_t slot : r.slots)
-      if (slot < slot_reports_.size()) ++slot_reports_[slot];
+    for (std::size_t i = 0; i < r.slots.size(); ++i) {
+      const std::uint32_t slot = r.slots[i];
+      if (slot >= slot_reports_.size()) continue;
+      const std::uint32_t step = r.slot_steps.empty() ? 0 : r.slot_steps[i];
+      if (slot_reports_[slot]++ == 0)
+        slot_step_[slot] = step;
+      else if (slot_step_[slot] != step)
+        slot_steps_differ_[slot] = true;  // of two steps: the table compares them
+    }
   for (const std::uint32_t slot : reports[0].slots) {
-    if (slot >= slot_reports_.size() || slot_reports_[slot] != static_cast<std::uint32_t>(ranks_)) continue;
+    if (slot >= slot_reports_.size() || slot_reports_[slot] != static_cast<std::uint32_t>(ranks_) ||
+        slot_steps_differ_[slot])
+      continue;
     const cache_entry& c = cache_.at(slot);
-    if (table_.contains(c.name)) continue;  // some rank reported it in full, or in an earlier cycle
+    if (table_.contains(tensor_key(c.name, slot_step_[slot]))) continue;  // reported in full, or in an earlier cycle
     ready_everywhere_[slot] = true;
     ready.push_back(slot);
     if (marks_)
@@ -177,46 +242,62 @@ void coordinator::merge(int rank, const report& in, clock::time_point now) {
     last_joined_rank_ = rank;
   }
   shutdown_ranks_[r] = in.shutting_down;
-  for (const std::uint32_t slot : in.slots) {
+  for (const skipped_tensor& x : in.skipped) row(tensor_key(cache_.at(x.slot).name, x.step), now).skipped[r] = true;
+  for (std::size_t i = 0; i < in.slots.size(); ++i) {
+    const std::uint32_t slot = in.slots[i];
     if (slot < ready_everywhere_.size() && ready_everywhere_[slot]) continue;  // answered by ready_by_slot
     const cache_entry& c = cache_.at(slot);
     description d = c.desc;
     d.count = c.counts[r];
-    table_row& t = row(c.name, now);
+    d.step = in.slot_steps.empty() ? 0 : in.slot_steps[i];
+    table_row& t = row(tensor_key(c.name, d.step), now);
     t.by_rank[r] = d;
     t.by_slot[r] = true;
     t.slot = slot;
     if (marks_) marks_->mark(c.name, "READY rank " + std::to_string(rank), now);
   }
   for (const reported_tensor& f : in.full) {
-    row(f.name, now).by_rank[r] = f.desc;
+    row(tensor_key(f.name, f.desc.step), now).by_rank[r] = f.desc;
     if (marks_) marks_->mark(f.name, "READY rank " + std::to_string(rank), now);
   }
 }
 
-table_row& coordinator::row(const std::string& name, clock::time_point now) {
-  auto [it, inserted] = table_.try_emplace(name);
+table_row& coordinator::row(const tensor_key& key, clock::time_point now) {
+  auto [it, inserted] = table_.try_emplace(key);
   if (inserted) {
     it->second.by_rank.resize(static_cast<std::size_t>(ranks_));
     it->second.by_slot.assign(static_cast<std::size_t>(ranks_), false);
+    it->second.skipped.assign(static_cast<std::size_t>(ranks_), false);
     it->second.first_seen = it->second.last_warning = now;
     it->second.order = next_order_++;
   }
   return it->second;
 }
 
-/// Step 3 for one complete tensor: run it, or say why not.
-response coordinator::decide(const std::string& name, const table_row& t) const {
-  std::vector<int> present;
+/// Step 3 for one complete tensor: run it, or say why not (nothing: every rank skipped it).
+std::optional<response> coordinator::decide(const tensor_key& key, const table_row& t) const {
+  const std::string& name = key.name;
+  std::vector<int> present, skipping;
   bool any_joined = false;
   for (int k = 0; k < ranks_; ++k) {
     if (t.by_rank[static_cast<std::size_t>(k)])
       present.push_back(k);
+    else if (t.skipped[static_cast<std::size_t>(k)])
+      skipping.push_back(k);
     else
       any_joined = true;
   }
+  if (!skipping.empty()) {
+    if (present.empty()) return std::nullopt;  // no rank has it this step (a frozen parameter)
+    const description& d = *t.by_rank[static_cast<std::size_t>(present.front())];
+    return error_response(key, error_kind::mismatch,
+                          std::string(name_of(d.kind)) + " \"" + name + "\"" + step_text(key.step) + ": submitted by " +
+                              rank_set(present) + " but " + rank_set(skipping) +
+                              " ended the step without it (engine::end_step): the ranks' steps differ");
+  }
   response r;
   r.name = name;
+  r.step = key.step;
   // Steady state: every rank reported the cache slot, so the descriptions are the cached one and
   // agree by construction; nothing to compare.
   if (!any_joined && t.slot && std::all_of(t.by_slot.begin(), t.by_slot.end(), [](bool b) { return b; })) {
@@ -225,9 +306,9 @@ response coordinator::decide(const std::string& name, const table_row& t) const 
     return r;
   }
   const description& first = *t.by_rank[static_cast<std::size_t>(present.front())];
-  if (auto text = mismatch_of(name, t, present)) return error_response(name, error_kind::mismatch, std::move(*text));
+  if (auto text = mismatch_of(name, t, present)) return error_response(key, error_kind::mismatch, std::move(*text));
   if (auto text = misuse_of(name, t, first, any_joined, ranks_))
-    return error_response(name, error_kind::usage, std::move(*text));
+    return error_response(key, error_kind::usage, std::move(*text));
   // Run it: by slot when every rank that has it reported the same slot.
   const bool by_slot = t.slot && std::all_of(present.begin(), present.end(),
                                              [&](int k) { return t.by_slot[static_cast<std::size_t>(k)]; });

@@ -22,11 +22,13 @@
 #include <thread>
 #include <unordered_map>
 
+#include "collective_calls.hpp"
 #include "coordinator.hpp"
 #include "entry.hpp"
 #include "fused_executor.hpp"
 #include "protocol.hpp"
 #include "response_cache.hpp"
+#include "step_plan.hpp"
 
 namespace flexpar {
 
@@ -95,7 +97,9 @@ class engine_core final : private fused_executor::owner {
     }
     if (comm_.rank() == 0)
       coordinator_.emplace(comm_.size(), cache_, stall_inspector(cfg_.stall_warning, cfg_.stall_shutdown), log_,
-                           timeline_ ? &*timeline_ : nullptr);
+                           timeline_ ? &*timeline_ : nullptr,
+                           cfg_.step_plan ? std::optional(plan_recorder(cfg_.fusion_threshold)) : std::nullopt);
+    if (coordinator_) coordinator_->order_buckets_by(&addresses_);
     // The same ranks, the same links: the machine `automatic` knows on the parent (configured with
     // set_cost_params, or measured) is this communicator's too; every rank has it or none does.
     if (const auto& parent_state = parent.collective_state(); parent_state && parent_state->machine)
@@ -167,8 +171,7 @@ class engine_core final : private fused_executor::owner {
   }
 
   handle submit_device(std::string name, collective_kind kind, dtype type, reduce_op op, int root, const void* in,
-                       void* out, std::size_t count, std::size_t out_capacity, device_marker ready,
-                       completion_callback done) {
+                       void* out, std::size_t count, std::size_t out_capacity, void* stream, completion_callback done) {
     if (!device_)
       throw error_on<usage_error>(comm_.rank(), "engine", name_of(kind), " \"", name,
                                   "\" is a device tensor, but this engine has no device backend (build the engine "
@@ -179,7 +182,7 @@ class engine_core final : private fused_executor::owner {
     entry->device_in = in;
     entry->device_out = out;
     entry->out_capacity = out_capacity;
-    entry->ready = std::move(ready);
+    entry->stream = stream;
     entry->backend = device_;
     entry->done = std::move(done);
     return enqueue(std::move(entry));
@@ -197,15 +200,32 @@ class engine_core final : private fused_executor::owner {
     bool wake = false;
     {
       std::lock_guard lock(mutex_);
-      if (shutdown_requested_)
+      entry->desc.step = steps_ended_;
+      if (shutdown_requested_) {
         refuse = std::make_exception_ptr(error_on<usage_error>(comm_.rank(), "engine", name_of(kind), " \"",
                                                                entry->name, "\" submitted after ", shutdown_reason_));
-      else if (failed_)
+      } else if (failed_) {
         refuse = failed_;
-      else
+      } else if (plan_) {
+        // The steady state: the tensor goes into its slot of the frozen plan; the thread wakes when a
+        // bucket is complete, or when something the plan does not have came (it drops the plan then).
+        const plan_slots::placed placed = plan_->place(entry);
+        if (placed == plan_slots::placed::completes_bucket) capture_bucket(plan_->bucket_of(*entry));
+        if (placed == plan_slots::placed::not_in_plan) {
+          capture(*entry);
+          fresh_.push_back(entry);
+        }
+        if (placed != plan_slots::placed::in_slot) {
+          plan_news_ = true;
+          wake = sleeping_;
+        }
+      } else {
+        if (dropped_) dropped_->mark(*entry);
+        capture(*entry);
         fresh_.push_back(entry);
-      // Only the first submission while the thread sleeps wakes it; the rest join its batch.
-      wake = fresh_.size() == 1 && sleeping_;
+        // Only the first submission while the thread sleeps wakes it; the rest join its batch.
+        wake = fresh_.size() == 1 && sleeping_;
+      }
     }
     if (refuse) finish(*entry, refuse);
     if (wake) wake_.notify_all();
@@ -225,6 +245,31 @@ class engine_core final : private fused_executor::owner {
                                     " (FLEXPAR_TIMEOUT)");
     if (!join_done_) std::rethrow_exception(failed_);
     return last_joined_;
+  }
+
+  void end_step() {
+    bool wake = false;
+    {
+      std::lock_guard lock(mutex_);
+      const std::uint32_t step = steps_ended_++;
+      // A step the plan was dropped in (by another rank, perhaps) still says which of its tensors it
+      // lacked: the ranks waiting for them learn it as they would have under the plan.
+      std::optional<plan_slots>& marks = plan_ ? plan_ : dropped_;
+      if (!marks) return;
+      const std::vector<std::uint32_t> missing = marks->end_step();
+      // A tensor of the plan this step did not submit: the plan no longer holds. The ranks that did
+      // submit it learn from this rank's next report that it ended its step without it.
+      for (const std::uint32_t k : missing) skipped_.push_back({marks->plan().tensor(k).slot, step});
+      if (!plan_) {
+        dropped_.reset();
+        return;
+      }
+      if (missing.empty()) return;
+      leave_plan_ = true;
+      plan_news_ = true;
+      wake = sleeping_;
+    }
+    if (wake) wake_.notify_all();
   }
 
   engine::statistics stats() const {
@@ -256,32 +301,36 @@ class engine_core final : private fused_executor::owner {
         if (const auto now = clock::now(); next < now) next = now;
         std::vector<std::shared_ptr<engine_entry>> fresh;
         bool shutting_down = false;
+        bool planned = false;
         {
-          // A cycle starts at its time or at the first submission, whichever comes first, and
-          // takes everything submitted until submissions pause for a twentieth of the cycle time
-          // (a burst of gradients is fused into one batch, a lone tensor waits little).
           std::unique_lock lock(mutex_);
           sleeping_ = true;
-          // While device responses are in flight, wake every poll interval to complete them.
-          while (!wake_.wait_until(
-              lock, executor_.device_in_flight() ? std::min(next, clock::now() + fused_executor::device_poll) : next,
-              [&] { return !fresh_.empty() || shutdown_requested_ || (join_requested_ && !joined_); })) {
-            if (clock::now() >= next) break;
-            lock.unlock();
-            executor_.poll_device();
-            lock.lock();
-          }
-          const auto quiet = cfg_.cycle_time / 20;
-          for (std::size_t seen = fresh_.size(); seen > 0 && clock::now() < next;) {
-            wake_.wait_until(lock, std::min(next, clock::now() + quiet), [&] { return shutdown_requested_; });
-            if (fresh_.size() == seen || shutdown_requested_) break;
-            seen = fresh_.size();
+          planned = plan_.has_value();
+          if (planned) {
+            // The steady state: a round as soon as something changed here, at once again while a
+            // bucket complete here waits for the other ranks, and at least once per cycle.
+            wait_for_work(lock, next, [&] {
+              return plan_news_ || plan_->waiting() || !fresh_.empty() || shutdown_requested_ || join_requested_;
+            });
+          } else {
+            // A cycle starts at its time or at the first submission, whichever comes first, and
+            // takes everything submitted until submissions pause for a twentieth of the cycle time
+            // (a burst of gradients is fused into one batch, a lone tensor waits little).
+            wait_for_work(lock, next,
+                          [&] { return !fresh_.empty() || shutdown_requested_ || (join_requested_ && !joined_); });
+            const auto quiet = cfg_.cycle_time / 20;
+            for (std::size_t seen = fresh_.size(); seen > 0 && clock::now() < next;) {
+              wake_.wait_until(lock, std::min(next, clock::now() + quiet), [&] { return shutdown_requested_; });
+              if (fresh_.size() == seen || shutdown_requested_) break;
+              seen = fresh_.size();
+            }
+            take_fresh(fresh, shutting_down);
           }
           sleeping_ = false;
-          fresh.assign(fresh_.begin(), fresh_.end());
-          fresh_.clear();
-          shutting_down = shutdown_requested_;
-          if (join_requested_) joined_ = true;
+        }
+        if (planned && plan_cycle(fresh, shutting_down)) {
+          executor_.poll_device();
+          continue;
         }
         if (cycle(fresh, shutting_down)) break;
         executor_.poll_device();
@@ -301,6 +350,172 @@ class engine_core final : private fused_executor::owner {
     }
   }
 
+  /// Sleeps (under `lock`) until `ready()` or the cycle's time `next`; while device responses are in
+  /// flight, wakes every poll interval to complete them.
+  template <class Ready>
+  void wait_for_work(std::unique_lock<std::mutex>& lock, clock::time_point next, Ready ready) {
+    while (!wake_.wait_until(
+        lock, executor_.device_in_flight() ? std::min(next, clock::now() + fused_executor::device_poll) : next,
+        ready)) {
+      if (clock::now() >= next) break;
+      lock.unlock();
+      executor_.poll_device();
+      lock.lock();
+    }
+  }
+
+  /// Under mutex_: what this rank negotiates in the next cycle (the submissions since the last one).
+  void take_fresh(std::vector<std::shared_ptr<engine_entry>>& fresh, bool& shutting_down) {
+    fresh.insert(fresh.end(), fresh_.begin(), fresh_.end());
+    fresh_.clear();
+    shutting_down = shutdown_requested_;
+    if (join_requested_) joined_ = true;
+  }
+
+  // ---- the steady state (include/flexpar/engine/engine.hpp, "The steady state") -----------------
+
+  /// Under mutex_: a device tensor's producer position, unless it has one.
+  void capture(engine_entry& e) {
+    if (e.desc.memory == memory_kind::cuda && !e.ready) e.ready = device_->capture(e.stream);
+  }
+
+  /// Under mutex_: bucket b of the plan is complete here. Its device tensors' producers are captured
+  /// now, once per stream: every tensor of the bucket was produced before this point of its stream.
+  void capture_bucket(std::uint32_t b) {
+    std::vector<std::pair<void*, device_marker>> by_stream;
+    for (const std::shared_ptr<engine_entry>& e : plan_->entries(b)) {
+      if (e->desc.memory != memory_kind::cuda || e->ready) continue;
+      auto it = std::find_if(by_stream.begin(), by_stream.end(), [&](const auto& m) { return m.first == e->stream; });
+      if (it == by_stream.end()) it = by_stream.insert(by_stream.end(), {e->stream, device_->capture(e->stream)});
+      e->ready = it->second;
+    }
+  }
+
+  /// One round of the steady state: every rank says which buckets are complete here (one small
+  /// allreduce), and the buckets complete everywhere run in plan order. Returns false when the plan
+  /// is dropped: `fresh` then holds what this rank negotiates in the cycle that follows at once.
+  bool plan_cycle(std::vector<std::shared_ptr<engine_entry>>& fresh, bool& shutting_down) {
+    const clock::time_point begin = clock::now();
+    std::shared_ptr<const step_plan> plan;
+    std::vector<std::uint8_t> vote;
+    {
+      std::lock_guard lock(mutex_);
+      plan = plan_->shared();
+      // this rank leaves on a tensor the plan does not have, at the end of a step that missed one, on
+      // a bucket that waited too long for a rank, on join and on shutdown
+      const bool leave = leave_plan_ || !fresh_.empty() || shutdown_requested_ || join_requested_;
+      vote = encode_round(plan_->round(leave), plan->digest());
+      plan_news_ = false;
+    }
+    run_allreduce(comm_, dtype::u8, reinterpret_cast<std::byte*>(vote.data()), vote.size(), reduce_op::max);
+    const plan_verdict verdict = decode_round(vote, plan->buckets(), plan->digest());
+    if (timeline_ && cfg_.timeline_mark_cycles) timeline_->mark("cycles", "PLAN ROUND", begin);
+    {
+      std::lock_guard lock(stats_mutex_);
+      ++stats_.plan_rounds;
+    }
+    if (verdict.digest_differs)
+      throw error_on<error>(comm_.rank(), "engine protocol error",
+                            "the ranks hold different step plans (do all ranks run the same flexpar?)");
+    if (verdict.leave) {
+      // Every rank drops the plan in this round: what is in the slots is negotiated as it would have
+      // been without a plan, from the cycle that follows.
+      {
+        std::lock_guard lock(mutex_);
+        for (std::shared_ptr<engine_entry>& e : plan_->take_all()) {
+          capture(*e);
+          fresh.push_back(std::move(e));
+        }
+        dropped_ = std::move(plan_);
+        plan_.reset();
+        leave_plan_ = false;
+        take_fresh(fresh, shutting_down);
+      }
+      std::lock_guard lock(stats_mutex_);
+      ++stats_.plans_dropped;
+      stats_.plan_buckets = 0;
+      return false;
+    }
+    const clock::time_point agreed = clock::now();
+    std::size_t ran = 0;
+    for (std::uint32_t b = 0; b < plan->buckets(); ++b) {
+      if (!verdict.complete_everywhere[b]) continue;
+      std::vector<std::shared_ptr<engine_entry>> entries;
+      {
+        std::lock_guard lock(mutex_);
+        entries = plan_->take(b);
+      }
+      ran += entries.size();
+      executor_.run(response_run{plan->bucket_tensors(b), plan->positions(b)}, std::move(entries), agreed);
+    }
+    if (ran != 0) {
+      std::lock_guard lock(stats_mutex_);
+      stats_.planned_tensors += ran;
+    }
+    // A bucket some rank has begun and not every rank completed, for longer than the patience: a rank
+    // skipped a tensor or will submit it much later. Leave at the next round, and let the negotiation
+    // (and its stall warnings) take over.
+    const clock::time_point now = clock::now();
+    waiting_since_.resize(plan->buckets(), clock::time_point::max());
+    bool impatient = false;
+    for (std::uint32_t b = 0; b < plan->buckets(); ++b) {
+      if (verdict.complete_everywhere[b] || !verdict.started_somewhere[b]) {
+        waiting_since_[b] = clock::time_point::max();
+      } else if (waiting_since_[b] == clock::time_point::max()) {
+        waiting_since_[b] = now;
+      } else if (now - waiting_since_[b] > cfg_.plan_patience) {
+        impatient = true;
+      }
+    }
+    if (impatient) {
+      std::lock_guard lock(mutex_);
+      leave_plan_ = plan_news_ = true;
+    }
+    return true;
+  }
+
+  /// After a cycle whose responses ran: the ranks freeze the plan rank 0 proposed in it. Nothing is
+  /// pending anywhere then (every tensor a rank reported has been answered and run), so every rank
+  /// switches at the same point of its submissions; what this rank submitted since its last report
+  /// goes into the plan's slots. A step that already ended here (end_step came first) is held to the
+  /// plan as end_step would have held it: the submissions waiting here are all of it.
+  void install_plan(std::span<const std::vector<std::uint32_t>> buckets) {
+    if (!pending_.empty())
+      throw error_on<error>(comm_.rank(), "engine protocol error", "a step plan proposed while ", pending_.size(),
+                            " tensors are pending here");
+    auto plan = std::make_shared<const step_plan>(cache_, buckets, comm_.rank());
+    waiting_since_.assign(plan->buckets(), clock::time_point::max());
+    {
+      std::lock_guard lock(mutex_);
+      plan_.emplace(plan);
+      dropped_.reset();
+      const std::uint32_t current = steps_ended_;
+      std::vector<bool> ended_had(plan->tensors(), false);
+      bool ended = false;  // submissions of the step that ended before this wait here
+      std::deque<std::shared_ptr<engine_entry>> others;
+      for (std::shared_ptr<engine_entry>& e : fresh_) {
+        if (e->desc.step + 1 == current) {
+          ended = true;
+          if (const std::optional<std::uint32_t> k = plan->find(e->name)) ended_had[*k] = true;
+        }
+        const plan_slots::placed placed = plan_->place(e, e->desc.step == current);
+        if (placed == plan_slots::placed::not_in_plan) others.push_back(std::move(e));
+        if (placed == plan_slots::placed::completes_bucket) capture_bucket(plan_->bucket_of(*e));
+      }
+      fresh_.swap(others);
+      if (ended)
+        for (std::uint32_t k = 0; k < plan->tensors(); ++k)
+          if (!ended_had[k]) {
+            skipped_.push_back({plan->tensor(k).slot, current - 1});
+            leave_plan_ = true;
+          }
+      plan_news_ = true;
+    }
+    std::lock_guard lock(stats_mutex_);
+    ++stats_.plans_frozen;
+    stats_.plan_buckets = plan->buckets();
+  }
+
   /// One cycle (steps 1–6). True once every rank is shutting down.
   bool cycle(std::vector<std::shared_ptr<engine_entry>>& fresh, bool shutting_down) {
     const clock::time_point cycle_begin = clock::now();
@@ -308,6 +523,10 @@ class engine_core final : private fused_executor::owner {
     report mine;
     mine.joined = joined_;
     mine.shutting_down = shutting_down;
+    {
+      std::lock_guard lock(mutex_);
+      mine.skipped.swap(skipped_);
+    }
     for (auto& e : fresh) {
       if (pending_.contains(e->name)) {
         finish(*e, std::make_exception_ptr(
@@ -316,10 +535,16 @@ class engine_core final : private fused_executor::owner {
         continue;
       }
       pending_.emplace(e->name, e);
-      if (auto slot = cache_.slot_of(e->name, e->desc, comm_.rank()))
+      if (auto slot = cache_.slot_of(e->name, e->desc, comm_.rank())) {
         mine.slots.push_back(*slot);
-      else
+        mine.slot_steps.push_back(e->desc.step);
+        if (coordinator_) {  // rank 0: where its tensors lie, for the plan's order within a bucket
+          if (addresses_.size() <= *slot) addresses_.resize(*slot + 1, nullptr);
+          addresses_[*slot] = e->desc.memory == memory_kind::cuda ? e->device_in : e->in.data();
+        }
+      } else {
         mine.full.push_back({e->name, e->desc});
+      }
     }
     {
       std::lock_guard lock(stats_mutex_);
@@ -351,6 +576,7 @@ class engine_core final : private fused_executor::owner {
     executor_.execute(list.responses, responded);
     for (const auto& r : list.responses)
       if (r.type == response_type::run_full) cache_.remember(r);
+    if (!list.plan.empty()) install_plan(list.plan);
     if (list.all_joined) {
       joined_ = false;
       {
@@ -358,6 +584,7 @@ class engine_core final : private fused_executor::owner {
         join_requested_ = false;
         join_done_ = true;
         last_joined_ = list.last_joined;
+        steps_ended_ = 0;  // the ranks ran different numbers of steps before joining: count anew together
       }
       join_cv_.notify_all();
     }
@@ -366,9 +593,9 @@ class engine_core final : private fused_executor::owner {
 
   // ---- what the fused executor (step 5) needs from the engine ---------------------------------
 
-  std::shared_ptr<engine_entry> take(const std::string& name) override {
+  std::shared_ptr<engine_entry> take(const std::string& name, std::optional<std::uint32_t> step) override {
     auto it = pending_.find(name);
-    if (it == pending_.end()) return nullptr;
+    if (it == pending_.end() || (step && it->second->desc.step != *step)) return nullptr;
     std::shared_ptr<engine_entry> e = std::move(it->second);
     pending_.erase(it);
     return e;
@@ -378,6 +605,8 @@ class engine_core final : private fused_executor::owner {
                 std::span<const std::size_t> result_counts) override {
     complete_all(entries, std::move(error), result_counts);
   }
+
+  void note(const std::string& text) override { log_(text); }
 
   void ran(std::size_t tensors) override {
     std::lock_guard lock(stats_mutex_);
@@ -408,8 +637,11 @@ class engine_core final : private fused_executor::owner {
     }
     for (const auto& e : entries)
       if (e) e->finished_cv.notify_all();
+    std::vector<std::uint64_t> settled;
+    settled.reserve(done);
     for (std::size_t k = 0; k < entries.size(); ++k)
-      if (now_finished[k]) entries[k]->tracker->leave(entries[k]->seq);
+      if (now_finished[k]) settled.push_back(entries[k]->seq);
+    if (!settled.empty()) tracker_->leave(settled);
     {
       std::lock_guard lock(stats_mutex_);
       stats_.tensors_done += done;
@@ -424,6 +656,10 @@ class engine_core final : private fused_executor::owner {
       std::lock_guard lock(mutex_);
       if (!failed_) failed_ = error;
       fresh.swap(fresh_);
+      if (plan_) {
+        for (std::shared_ptr<engine_entry>& e : plan_->take_all()) fresh.push_back(std::move(e));
+        plan_.reset();
+      }
     }
     join_cv_.notify_all();
     executor_.abandon(
@@ -453,6 +689,12 @@ class engine_core final : private fused_executor::owner {
   int last_joined_ = -1;
   std::exception_ptr failed_;
   std::string shutdown_reason_ = "the engine shut down";
+  std::optional<plan_slots> plan_;       // the frozen step, while the ranks replay it
+  std::optional<plan_slots> dropped_;    // the plan dropped in the current step, until it ends (its marks)
+  bool plan_news_ = false;               // since the last round: a bucket completed, or a reason to leave
+  bool leave_plan_ = false;              // this rank drops the plan at its next round
+  std::vector<skipped_tensor> skipped_;  // plan tensors a step of this rank ended without, for its next report
+  std::uint32_t steps_ended_ = 0;        // end_step() calls: the step of the next submission
 
   mutable std::mutex stats_mutex_;
   engine::statistics stats_;
@@ -461,6 +703,8 @@ class engine_core final : private fused_executor::owner {
   std::unordered_map<std::string, std::shared_ptr<engine_entry>> pending_;
   response_cache cache_{cfg_.cache_capacity};
   bool joined_ = false;
+  std::vector<clock::time_point> waiting_since_;  // per bucket of the plan: begun somewhere, not yet run
+  std::vector<const void*> addresses_;            // rank 0: where its tensor of each cache slot last lay
   fused_executor executor_{comm_, cfg_.fusion_threshold, device_, timeline_ ? &*timeline_ : nullptr, *this};
 
   std::optional<coordinator> coordinator_;  // rank 0 only
@@ -571,11 +815,13 @@ void engine::check_bytes(std::string_view op, const std::string& name, std::size
 }
 
 handle engine::submit_device(std::string name, collective_kind kind, dtype type, reduce_op op, int root, const void* in,
-                             void* out, std::size_t count, std::size_t out_capacity, device_marker ready,
+                             void* out, std::size_t count, std::size_t out_capacity, void* stream,
                              completion_callback done) {
-  return core_->submit_device(std::move(name), kind, type, op, root, in, out, count, out_capacity, std::move(ready),
+  return core_->submit_device(std::move(name), kind, type, op, root, in, out, count, out_capacity, stream,
                               std::move(done));
 }
+
+void engine::end_step() { core_->end_step(); }
 
 device_backend* engine::device() const noexcept { return core_->device(); }
 

@@ -19,28 +19,43 @@ struct local_failure : usage_error {
 
 }  // namespace
 
-std::vector<std::vector<std::size_t>> plan_fusion(std::span<const response> list, std::size_t fusion_threshold) {
+std::vector<std::vector<std::size_t>> plan_fusion(std::span<const fusion_item> list, std::size_t fusion_threshold) {
   std::vector<std::vector<std::size_t>> runs;
   std::vector<bool> taken(list.size(), false);
   for (std::size_t i = 0; i < list.size(); ++i) {
     if (taken[i]) continue;
-    const response& r = list[i];
+    const fusion_item& r = list[i];
     std::vector<std::size_t>& run = runs.emplace_back(1, i);
-    if (r.type == response_type::error || r.desc.kind != collective_kind::allreduce || fusion_threshold == 0) continue;
-    std::size_t bytes = r.counts[0] * size_of(r.desc.type);
+    if (!r.fusable || fusion_threshold == 0) continue;
+    std::size_t bytes = r.bytes;
     for (std::size_t j = i + 1; j < list.size(); ++j) {
-      const response& q = list[j];
-      if (taken[j] || q.type == response_type::error || q.desc.kind != collective_kind::allreduce ||
-          q.desc.type != r.desc.type || q.desc.op != r.desc.op || q.desc.memory != r.desc.memory)
-        continue;
-      const std::size_t more = q.counts[0] * size_of(q.desc.type);
-      if (bytes + more > fusion_threshold) continue;
-      bytes += more;
+      const fusion_item& q = list[j];
+      if (taken[j] || !q.fusable || q.type != r.type || q.op != r.op || q.memory != r.memory) continue;
+      if (bytes + q.bytes > fusion_threshold) continue;
+      bytes += q.bytes;
       run.push_back(j);
       taken[j] = true;
     }
   }
   return runs;
+}
+
+fusion_item fusion_item_of(const response& r) {
+  fusion_item x;
+  x.fusable = r.type != response_type::error && r.desc.kind == collective_kind::allreduce;
+  if (r.type == response_type::error) return x;
+  x.type = r.desc.type;
+  x.op = r.desc.op;
+  x.memory = r.desc.memory;
+  x.bytes = r.counts.empty() ? 0 : r.counts[0] * size_of(r.desc.type);
+  return x;
+}
+
+std::vector<std::vector<std::size_t>> plan_fusion(std::span<const response> list, std::size_t fusion_threshold) {
+  std::vector<fusion_item> items;
+  items.reserve(list.size());
+  for (const response& r : list) items.push_back(fusion_item_of(r));
+  return plan_fusion(std::span<const fusion_item>(items), fusion_threshold);
 }
 
 fused_executor::fused_executor(communicator& comm, std::size_t fusion_threshold, device_backend* device,
@@ -53,13 +68,20 @@ void fused_executor::execute(std::span<const response> list, clock::time_point r
       fail_one(list[run.front()]);
       continue;
     }
-    run_group(response_run{list, run}, responded);
+    const response_run group{list, run};
+    std::vector<std::shared_ptr<engine_entry>> entries;  // null where this rank has joined
+    entries.reserve(group.size());
+    for (std::size_t k = 0; k < group.size(); ++k) entries.push_back(owner_.take(group[k].name));
+    this->run(group, std::move(entries), responded);
   }
 }
 
 void fused_executor::fail_one(const response& r) {
-  const std::shared_ptr<engine_entry> entry = owner_.take(r.name);
-  if (!entry) return;
+  const std::shared_ptr<engine_entry> entry = owner_.take(r.name, r.step);
+  if (!entry) {
+    owner_.note(r.text + " (this rank has no such tensor in flight)");
+    return;
+  }
   std::exception_ptr e;
   const std::string text = error_text(comm_.rank(), "", r.text);
   switch (r.error) {
@@ -72,14 +94,11 @@ void fused_executor::fail_one(const response& r) {
 }
 
 /// Runs one response alone, or several fused allreduces through the fusion buffer.
-void fused_executor::run_group(response_run group, clock::time_point responded) {
+void fused_executor::run(response_run group, std::vector<std::shared_ptr<engine_entry>> entries,
+                         clock::time_point responded) {
   const std::size_t me = static_cast<std::size_t>(comm_.rank());
-  std::vector<std::shared_ptr<engine_entry>> entries;  // null where this rank has joined
-  entries.reserve(group.size());
-  for (std::size_t k = 0; k < group.size(); ++k) {
-    entries.push_back(owner_.take(group[k].name));
-    if (entries.back()) entries.back()->responded = responded;
-  }
+  for (const auto& e : entries)
+    if (e) e->responded = responded;
   if (group.front().desc.memory == memory_kind::cuda) return run_device_group(group, std::move(entries));
   const clock::time_point begin = clock::now();
   const response& first = group.front();
@@ -121,9 +140,11 @@ void fused_executor::run_group(response_run group, clock::time_point responded) 
   if (failure && !local) std::rethrow_exception(failure);
 }
 
-/// Reduces the group with one allreduce: straight from and into the tensors where the chosen
-/// algorithm takes pieces (shared_memory, every tensor this rank's), otherwise through the fusion
-/// buffer (the inputs, or the identity where this rank has joined, packed; the results unpacked).
+/// Reduces the group with one allreduce: in place where the tensors lie back to back (each in place),
+/// straight from and into them where the chosen algorithm takes pieces (shared_memory), otherwise
+/// through the fusion buffer (the inputs, or the identity where this rank has joined, packed; the
+/// results unpacked). The algorithm is chosen from the group alone (its bytes, one tensor or
+/// several), so that every rank runs the same one however its tensors lie.
 std::string fused_executor::run_fused(response_run group, std::span<const std::shared_ptr<engine_entry>> entries,
                                       phase_times& times) {
   const std::size_t me = static_cast<std::size_t>(comm_.rank());
@@ -132,13 +153,28 @@ std::string fused_executor::run_fused(response_run group, std::span<const std::s
   const std::size_t element = size_of(type);
   std::size_t total = 0;
   for (std::size_t k = 0; k < group.size(); ++k) total += group[k].counts[me] * element;
+  const algorithm a = group.size() > 1 ? choose_fused_allreduce(comm_, total) : choose_allreduce(comm_, total);
   if (std::all_of(entries.begin(), entries.end(), [](const auto& e) { return e != nullptr; })) {
-    std::vector<byte_piece> pieces;
-    pieces.reserve(group.size());
-    for (std::size_t k = 0; k < group.size(); ++k)
-      pieces.push_back({entries[k]->in.data(), entries[k]->out.data(), group[k].counts[me]});
-    if (std::string name = run_allreduce_pieces(comm_, type, pieces, total / element, first.desc.op); !name.empty()) {
-      times.copied_in = times.reduced = clock::now();
+    // Tensors that lie back to back, each in place, in the group's order (gradients in one flat
+    // buffer: gradient_sync's arena) are the fusion buffer already. Their elements line up with a
+    // packed run's, so ranks may differ in this.
+    bool back_to_back = true;
+    for (std::size_t k = 0; back_to_back && k < group.size(); ++k)
+      back_to_back =
+          entries[k]->in.data() == entries[k]->out.data() &&
+          (k == 0 || entries[k]->out.data() == entries[k - 1]->out.data() + group[k - 1].counts[me] * element);
+    if (back_to_back) {
+      std::string name = run_allreduce(comm_, type, entries[0]->out.data(), total / element, first.desc.op, a);
+      times.reduced = clock::now();
+      return name;
+    }
+    if (a == algorithm::shared_memory) {
+      std::vector<byte_piece> pieces;
+      pieces.reserve(group.size());
+      for (std::size_t k = 0; k < group.size(); ++k)
+        pieces.push_back({entries[k]->in.data(), entries[k]->out.data(), group[k].counts[me]});
+      std::string name = run_allreduce_pieces(comm_, type, pieces, first.desc.op);
+      times.reduced = clock::now();
       return name;
     }
   }
@@ -155,7 +191,7 @@ std::string fused_executor::run_fused(response_run group, std::span<const std::s
     at += bytes;
   }
   times.copied_in = clock::now();
-  std::string algorithm_name = run_allreduce(comm_, type, fusion_.data(), total / element, first.desc.op);
+  std::string algorithm_name = run_allreduce(comm_, type, fusion_.data(), total / element, first.desc.op, a);
   times.reduced = clock::now();
   at = 0;
   for (std::size_t k = 0; k < group.size(); ++k) {

@@ -12,6 +12,7 @@
 #include <deque>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,10 +26,22 @@
 
 namespace flexpar::detail {
 
-/// The runs of a response list, as indices into it, in the order they run: each allreduce gathers
-/// the later allreduces of the list that share its dtype, op and memory kind, in list order, while
-/// they fit `fusion_threshold` bytes (0: no fusion); every other response runs alone. One fused run
-/// per kind, whatever else the list interleaves (host and device gradients, two dtypes).
+/// What the fusion plan needs to know of a response.
+struct fusion_item {
+  bool fusable = false;  // an allreduce to run (not an error, not another collective)
+  dtype type = dtype::f32;
+  reduce_op op = reduce_op::sum;
+  memory_kind memory = memory_kind::host;
+  std::size_t bytes = 0;  // rank 0's
+};
+/// The runs of a list, as indices into it, in the order they run: each allreduce gathers the later
+/// allreduces of the list that share its dtype, op and memory kind, in list order, while they fit
+/// `fusion_threshold` bytes (0: no fusion); every other response runs alone. One fused run per kind,
+/// whatever else the list interleaves (host and device gradients, two dtypes).
+std::vector<std::vector<std::size_t>> plan_fusion(std::span<const fusion_item> list, std::size_t fusion_threshold);
+/// The fusion item of a response whose description and counts are filled in.
+fusion_item fusion_item_of(const response& r);
+/// plan_fusion of a response list (every response's description and counts filled in).
 std::vector<std::vector<std::size_t>> plan_fusion(std::span<const response> list, std::size_t fusion_threshold);
 
 /// One run of a response list (plan_fusion's indices), read in place: no response is copied.
@@ -46,13 +59,17 @@ class fused_executor {
   class owner {
    public:
     /// Takes this rank's pending tensor `name` out of its pending set; null when this rank has none
-    /// (it has joined: it contributes the identity, or receives into scratch).
-    virtual std::shared_ptr<engine_entry> take(const std::string& name) = 0;
+    /// (it has joined: it contributes the identity, or receives into scratch), or when `step` is
+    /// given and this rank's is of another step.
+    virtual std::shared_ptr<engine_entry> take(const std::string& name, std::optional<std::uint32_t> step = {}) = 0;
     /// Completes `entries` (null ones skipped) with `error` (null on success) and their result counts.
     virtual void complete(std::span<const std::shared_ptr<engine_entry>> entries, std::exception_ptr error,
                           std::span<const std::size_t> result_counts) = 0;
     /// A collective ran that carried `tensors` tensors (the statistics).
     virtual void ran(std::size_t tensors) = 0;
+    /// An error response for a tensor this rank does not hold (it never submitted it, or ended its
+    /// step without it): `text` names the tensor and the ranks, for this rank's log.
+    virtual void note(const std::string& text) = 0;
 
    protected:
     ~owner() = default;
@@ -69,6 +86,9 @@ class fused_executor {
   /// @throws what a failed collective threw (the ranks are out of step then: the engine stops);
   ///         an error of one tensor only (its output too small) completes that tensor and goes on.
   void execute(std::span<const response> list, clock::time_point responded);
+  /// Runs one group of the fusion plan (a bucket of a frozen step: step_plan.hpp) with this rank's
+  /// entries of it (null where this rank has joined), agreed on at `responded`; errors as execute().
+  void run(response_run group, std::vector<std::shared_ptr<engine_entry>> entries, clock::time_point responded);
 
   /// True while device responses are enqueued and not yet seen finished.
   [[nodiscard]] bool device_in_flight() const noexcept { return !in_flight_.empty(); }
@@ -97,7 +117,6 @@ class fused_executor {
   };
 
   void fail_one(const response& r);
-  void run_group(response_run group, clock::time_point responded);
   std::string run_fused(response_run group, std::span<const std::shared_ptr<engine_entry>> entries, phase_times& times);
   std::string run_single(const response& r, engine_entry* e, std::size_t& result_count);
   void run_device_group(response_run group, std::vector<std::shared_ptr<engine_entry>> entries);

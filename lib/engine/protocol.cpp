@@ -2,6 +2,8 @@
 // fixed-width fields and length-prefixed strings (wire.hpp).
 #include "protocol.hpp"
 
+#include <algorithm>
+
 #include "response_cache.hpp"
 #include "wire.hpp"
 
@@ -21,6 +23,7 @@ void put_description(wire_writer& w, const description& d) {
   w.put(d.root);
   w.put(d.count);
   w.put(static_cast<std::uint8_t>(d.memory));
+  w.put(d.step);
 }
 
 description get_description(wire_reader& r) {
@@ -31,6 +34,7 @@ description get_description(wire_reader& r) {
   d.root = r.get<std::int32_t>();
   d.count = r.get<std::uint64_t>();
   d.memory = static_cast<memory_kind>(r.get<std::uint8_t>());
+  d.step = r.get<std::uint32_t>();
   return d;
 }
 
@@ -41,10 +45,20 @@ std::vector<std::byte> encode(const report& r) {
   w.put(flags_of(r.joined, r.shutting_down));
   w.put(static_cast<std::uint32_t>(r.slots.size()));
   for (auto s : r.slots) w.put(s);
+  // the slots' steps, when one is not 0 (a loop that calls end_step): as many as slots, or none
+  const bool steps = std::any_of(r.slot_steps.begin(), r.slot_steps.end(), [](std::uint32_t x) { return x != 0; });
+  w.put(static_cast<std::uint8_t>(steps ? 1 : 0));
+  if (steps)
+    for (std::size_t i = 0; i < r.slots.size(); ++i) w.put(r.slot_steps.at(i));
   w.put(static_cast<std::uint32_t>(r.full.size()));
   for (const reported_tensor& t : r.full) {
     w.put(t.name);
     put_description(w, t.desc);
+  }
+  w.put(static_cast<std::uint32_t>(r.skipped.size()));
+  for (const skipped_tensor& s : r.skipped) {
+    w.put(s.slot);
+    w.put(s.step);
   }
   return std::move(w.bytes());
 }
@@ -57,10 +71,18 @@ report decode_report(std::span<const std::byte> bytes) {
   r.shutting_down = (flags & flag_shutdown) != 0;
   const auto n_slots = in.get<std::uint32_t>();
   for (std::uint32_t i = 0; i < n_slots; ++i) r.slots.push_back(in.get<std::uint32_t>());
+  if (in.get<std::uint8_t>() != 0)
+    for (std::uint32_t i = 0; i < n_slots; ++i) r.slot_steps.push_back(in.get<std::uint32_t>());
   const auto n_full = in.get<std::uint32_t>();
   for (std::uint32_t i = 0; i < n_full; ++i) {
     std::string name = in.get_string();
     r.full.push_back({std::move(name), get_description(in)});
+  }
+  const auto n_skipped = in.get<std::uint32_t>();
+  for (std::uint32_t i = 0; i < n_skipped; ++i) {
+    skipped_tensor& x = r.skipped.emplace_back();
+    x.slot = in.get<std::uint32_t>();
+    x.step = in.get<std::uint32_t>();
   }
   in.expect_end();
   return r;
@@ -83,7 +105,13 @@ std::vector<std::byte> encode(const response_list& list) {
       out.put(r.name);
       out.put(static_cast<std::uint8_t>(r.error));
       out.put(r.text);
+      out.put(r.step);
     }
+  }
+  out.put(static_cast<std::uint32_t>(list.plan.size()));
+  for (const auto& bucket : list.plan) {
+    out.put(static_cast<std::uint32_t>(bucket.size()));
+    for (auto slot : bucket) out.put(slot);
   }
   return std::move(out.bytes());
 }
@@ -113,7 +141,13 @@ response_list decode_response_list(std::span<const std::byte> bytes, const respo
       r.name = in.get_string();
       r.error = static_cast<error_kind>(in.get<std::uint8_t>());
       r.text = in.get_string();
+      r.step = in.get<std::uint32_t>();
     }
+  }
+  list.plan.resize(in.get<std::uint32_t>());
+  for (auto& bucket : list.plan) {
+    bucket.resize(in.get<std::uint32_t>());
+    for (auto& slot : bucket) slot = in.get<std::uint32_t>();
   }
   in.expect_end();
   return list;

@@ -27,6 +27,10 @@ struct description {
   std::int32_t root = -1;
   std::uint64_t count = 0;
   memory_kind memory = memory_kind::host;
+  /// The submitting rank's step: how many times it had called engine::end_step before (0 for a rank
+  /// that never does). Every rank's must agree, so that a tensor of one step never pairs with the
+  /// same tensor of the next (a rank that skipped it); not part of what the response cache matches.
+  std::uint32_t step = 0;
 };
 
 /// A tensor reported in full (its name and description).
@@ -35,12 +39,22 @@ struct reported_tensor {
   description desc;
 };
 
+/// A tensor of the frozen plan that a rank's step `step` ended without (engine::end_step).
+struct skipped_tensor {
+  std::uint32_t slot = 0;  // its response-cache slot
+  std::uint32_t step = 0;
+};
+
 /// Step 1: one rank's report for one cycle.
 struct report {
   bool joined = false;
   bool shutting_down = false;
-  std::vector<std::uint32_t> slots;   // tensors the rank has, by response-cache slot
-  std::vector<reported_tensor> full;  // tensors the rank has, in full
+  std::vector<std::uint32_t> slots;       // tensors the rank has, by response-cache slot
+  std::vector<std::uint32_t> slot_steps;  // the step of each of `slots` (empty: all 0)
+  std::vector<reported_tensor> full;      // tensors the rank has, in full
+  /// Tensors of the frozen plan this rank ended a step without: the ranks that submitted them get an
+  /// error naming this one instead of waiting for it.
+  std::vector<skipped_tensor> skipped;
 };
 
 enum class response_type : std::uint8_t { run_cached, run_full, error };
@@ -55,6 +69,9 @@ struct response {
   std::vector<std::uint64_t> counts;  // per rank
   error_kind error = error_kind::mismatch;
   std::string text;
+  /// The step of the submissions it answers; on the wire only for an error, which fails this step's
+  /// submission of the tensor on each rank (a rank's submission of another step stays).
+  std::uint32_t step = 0;
 };
 
 /// Step 4: what the coordinator sends every rank.
@@ -63,6 +80,9 @@ struct response_list {
   bool all_shutdown = false;
   std::int32_t last_joined = -1;  // the last rank to join, when all_joined
   std::vector<response> responses;
+  /// A plan to freeze after these responses ran (lib/engine/step_plan.hpp): its buckets, by cache
+  /// slot, in run order; empty: none.
+  std::vector<std::vector<std::uint32_t>> plan;
 };
 
 std::vector<std::byte> encode(const report& r);

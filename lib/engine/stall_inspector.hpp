@@ -16,6 +16,7 @@ namespace flexpar::detail {
 /// A stalled tensor: its name, the ranks it waits for, and the text to log or to answer with.
 struct stall_notice {
   std::string name;
+  std::uint32_t step = 0;
   std::vector<int> missing;
   std::string text;
 };
@@ -35,6 +36,9 @@ class stall_inspector {
   /// tensor's row remembers when, so that the next warning comes a `warning` interval later; the
   /// table keeps its rows (the caller drops the timed-out ones).
   stall_findings inspect(tensor_table& table, const std::vector<bool>& joined, clock::time_point now) const;
+
+  /// The warning interval (stall_warning).
+  [[nodiscard]] std::chrono::milliseconds warning() const noexcept { return warning_; }
 
  private:
   std::chrono::milliseconds warning_, shutdown_;

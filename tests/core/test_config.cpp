@@ -77,8 +77,12 @@ TEST(config, reads_the_engine_variables) {
                          {"FLEXPAR_STALL_WARNING_S", "0.5"},
                          {"FLEXPAR_STALL_SHUTDOWN_S", "0"},
                          {"FLEXPAR_TIMELINE", "/tmp/t.json"},
-                         {"FLEXPAR_TIMELINE_MARK_CYCLES", "1"}});
+                         {"FLEXPAR_TIMELINE_MARK_CYCLES", "1"},
+                         {"FLEXPAR_STEP_PLAN", "0"},
+                         {"FLEXPAR_PLAN_PATIENCE_MS", "2.5"}});
   EXPECT_EQ(c.fusion_threshold, 0u);
+  EXPECT_FALSE(c.step_plan);
+  EXPECT_EQ(c.plan_patience, std::chrono::microseconds(2500));
   EXPECT_EQ(c.cycle_time, std::chrono::microseconds(2500));
   EXPECT_EQ(c.cache_capacity, 7u);
   EXPECT_EQ(c.stall_warning, std::chrono::milliseconds(500));
@@ -88,7 +92,11 @@ TEST(config, reads_the_engine_variables) {
   const config d;
   EXPECT_EQ(d.fusion_threshold, std::size_t{128} << 20);
   EXPECT_EQ(d.stall_shutdown, std::chrono::seconds(300));
+  EXPECT_TRUE(d.step_plan);
+  EXPECT_EQ(d.plan_patience, std::chrono::seconds(1));
   EXPECT_THROW((void)from({{"FLEXPAR_TIMELINE_MARK_CYCLES", "yes"}}), usage_error);
+  EXPECT_THROW((void)from({{"FLEXPAR_STEP_PLAN", "on"}}), usage_error);
+  EXPECT_THROW((void)from({{"FLEXPAR_PLAN_PATIENCE_MS", "-1"}}), usage_error);
   EXPECT_THROW((void)from({{"FLEXPAR_FUSION_THRESHOLD", "1.5"}}), usage_error);
   EXPECT_THROW((void)from({{"FLEXPAR_STALL_WARNING_S", "0"}}), usage_error);
 }

@@ -33,7 +33,7 @@ config test_config() {
 
 handle device_allreduce(engine& eng, std::string name, std::span<float> data, reduce_op op) {
   return eng.submit_device(std::move(name), collective_kind::allreduce, dtype::f32, op, -1, data.data(), data.data(),
-                           data.size(), data.size(), eng.device()->capture(nullptr));
+                           data.size(), data.size(), nullptr);
 }
 
 class engine_device_host : public ::testing::TestWithParam<int> {};
@@ -77,6 +77,44 @@ TEST_P(engine_device_host, host_and_device_tensors_in_one_engine_never_fuse_toge
   });
 }
 
+TEST_P(engine_device_host, the_steady_state_captures_once_per_bucket_and_runs_a_bucket_per_backend_call) {
+  run_in_process(GetParam(), [](communicator& comm) {
+    host_device_backend backend(comm);
+    engine eng(comm, test_config(), {}, &backend);
+    const int p = comm.size(), me = comm.rank(), n = 64, steps = 8;
+    std::vector<std::vector<float>> data(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) data[static_cast<std::size_t>(i)].resize(static_cast<std::size_t>(1 + (i * 29) % 300));
+    int captures_before = 0;
+    std::size_t runs_before = 0;
+    for (int step = 0; step < steps; ++step) {
+      if (step == steps - 1) {
+        captures_before = backend.captures();
+        runs_before = backend.items_per_run().size();
+      }
+      std::vector<handle> handles;
+      for (int i = 0; i < n; ++i) {
+        auto& d = data[static_cast<std::size_t>(i)];
+        std::fill(d.begin(), d.end(), static_cast<float>((me + 1) * ((i + step) % 5 + 1)));
+        handles.push_back(device_allreduce(eng, tensor_name(i), d, reduce_op::sum));
+      }
+      eng.end_step();
+      for (int i = 0; i < n; ++i) {
+        handles[static_cast<std::size_t>(i)].wait();
+        const float want = static_cast<float>(p * (p + 1) / 2 * ((i + step) % 5 + 1));
+        for (float v : data[static_cast<std::size_t>(i)]) ASSERT_EQ(v, want) << "step " << step << " tensor " << i;
+      }
+    }
+    const engine::statistics s = eng.stats();
+    ASSERT_EQ(s.plans_frozen, 1u);
+    ASSERT_GT(s.plan_buckets, 0u);
+    // the last step ran under the plan: one producer position per bucket (one stream here), not one
+    // per tensor, and one backend run per bucket
+    EXPECT_EQ(backend.captures() - captures_before, static_cast<int>(s.plan_buckets));
+    EXPECT_EQ(backend.items_per_run().size() - runs_before, s.plan_buckets);
+    barrier(comm);  // every rank has read its counters before one shuts its engine down
+  });
+}
+
 TEST_P(engine_device_host, every_device_collective_and_a_joined_rank) {
   run_in_process(GetParam(), [](communicator& comm) {
     host_device_backend backend(comm);
@@ -86,22 +124,22 @@ TEST_P(engine_device_host, every_device_collective_and_a_joined_rank) {
     std::vector<std::int32_t> mine(static_cast<std::size_t>(me + 2), me * 10);
     std::vector<std::int32_t> all(static_cast<std::size_t>(p * (p + 3) / 2), -1);
     handle g = eng.submit_device("gather", collective_kind::allgather, dtype::i32, reduce_op::sum, -1, mine.data(),
-                                 all.data(), mine.size(), all.size(), backend.capture(nullptr));
+                                 all.data(), mine.size(), all.size(), nullptr);
     // reduce_scatter of 2p + 1 elements (uneven blocks)
     const std::size_t n = static_cast<std::size_t>(2 * p + 1);
     std::vector<std::int64_t> in(n), out(3, -1);
     for (std::size_t k = 0; k < n; ++k) in[k] = static_cast<std::int64_t>(k) * (me + 1);
     handle rs = eng.submit_device("rs", collective_kind::reduce_scatter, dtype::i64, reduce_op::sum, -1, in.data(),
-                                  out.data(), n, out.size(), backend.capture(nullptr));
+                                  out.data(), n, out.size(), nullptr);
     // broadcast from the last rank, alltoall
     std::vector<double> b(5, me == p - 1 ? 2.5 : 0.0);
     handle bc = eng.submit_device("bcast", collective_kind::broadcast, dtype::f64, reduce_op::sum, p - 1, b.data(),
-                                  b.data(), b.size(), b.size(), backend.capture(nullptr));
+                                  b.data(), b.size(), b.size(), nullptr);
     std::vector<std::int32_t> a_in(static_cast<std::size_t>(2 * p)), a_out(static_cast<std::size_t>(2 * p));
     for (int j = 0; j < p; ++j)
       for (int e = 0; e < 2; ++e) a_in[static_cast<std::size_t>(2 * j + e)] = 100 * me + 10 * j + e;
     handle aa = eng.submit_device("a2a", collective_kind::alltoall, dtype::i32, reduce_op::sum, -1, a_in.data(),
-                                  a_out.data(), a_in.size(), a_out.size(), backend.capture(nullptr));
+                                  a_out.data(), a_in.size(), a_out.size(), nullptr);
     g.wait();
     std::size_t at = 0;
     for (int r = 0; r < p; ++r)
@@ -228,7 +266,7 @@ TEST(engine_device_host_errors, an_output_too_small_fails_its_handle_alone) {
     engine eng(comm, test_config(), {}, &backend);
     std::vector<std::int32_t> mine(4, comm.rank()), all(comm.rank() == 1 ? 5 : 8);  // rank 1's holds 5 of 8
     handle g = eng.submit_device("gather", collective_kind::allgather, dtype::i32, reduce_op::sum, -1, mine.data(),
-                                 all.data(), mine.size(), all.size(), backend.capture(nullptr));
+                                 all.data(), mine.size(), all.size(), nullptr);
     if (comm.rank() == 1) {
       EXPECT_NE(what_of(g).find("[rank 1] allgather \"gather\": the output holds 5 elements but the result has 8"),
                 std::string::npos)

@@ -15,6 +15,7 @@
 
 #include "engine_scenarios.hpp"
 #include "gradient_sync_scenarios.hpp"
+#include "plan_scenarios.hpp"
 
 namespace flexpar {
 namespace {
@@ -58,6 +59,28 @@ TEST_P(engine_inproc, gradient_sync_average_and_sum_with_and_without_fp16) {
 TEST_P(engine_inproc, gradient_sync_fp16_rounds_what_half_cannot_hold) {
   run_in_process(GetParam(),
                  [](communicator& comm) { testing_support::gradient_sync_fp16_rounds(comm, test_config()); });
+}
+
+TEST_P(engine_inproc, gradient_sync_arena_and_own_buffers_agree_bit_for_bit) {
+  run_in_process(GetParam(),
+                 [](communicator& comm) { testing_support::arena_and_own_buffers_agree(comm, test_config()); });
+}
+
+TEST_P(engine_inproc, gradient_sync_frozen_and_added_parameters) {
+  run_in_process(GetParam(), [](communicator& comm) {
+    for (bool in_arena : {false, true}) testing_support::frozen_and_added_parameters(comm, test_config(), in_arena);
+  });
+}
+
+TEST_P(engine_inproc, a_frozen_plan_replays_steps_in_any_order) {
+  run_in_process(GetParam(),
+                 [](communicator& comm) { testing_support::plan_replays_in_any_order(comm, test_config()); });
+}
+
+TEST_P(engine_inproc, a_new_tensor_drops_the_plan_and_it_freezes_again) {
+  run_in_process(GetParam(), [](communicator& comm) {
+    testing_support::a_new_tensor_drops_the_plan_and_freezes_again(comm, test_config());
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(world, engine_inproc, ::testing::Values(1, 2, 3, 4, 5),
@@ -132,6 +155,53 @@ TEST(engine_inproc_errors, a_withheld_tensor_warns_then_times_out_on_the_ranks_t
     warned = warned || (l.find("stall: allreduce \"withheld\" submitted by ranks {0,2}") != std::string::npos &&
                         l.find("for rank {1}") != std::string::npos);
   EXPECT_TRUE(warned) << "no stall warning naming the tensor and rank 1 among " << lines.size() << " lines";
+}
+
+TEST(engine_plan, a_changed_count_is_a_mismatch_naming_both_sides) {
+  for (int p : {2, 3})
+    run_in_process(p, [](communicator& comm) {
+      testing_support::a_changed_count_is_a_mismatch_naming_both_sides(comm, test_config());
+    });
+}
+
+TEST(engine_plan, a_rank_that_ends_its_step_without_a_tensor_is_named_at_once) {
+  for (int p : {2, 3})
+    run_in_process(p, [](communicator& comm) {
+      config cfg = test_config();
+      cfg.plan_patience = std::chrono::seconds(3);  // named long before the plan would give up
+      testing_support::a_rank_that_skips_a_tensor_is_named_at_once(comm, cfg);
+    });
+}
+
+TEST(engine_plan, a_tensor_no_rank_submits_is_left_out_with_or_without_end_step) {
+  for (bool end : {true, false})
+    run_in_process(3, [end](communicator& comm) {
+      config cfg = test_config();
+      cfg.plan_patience = end ? std::chrono::microseconds(std::chrono::seconds(3)) : std::chrono::milliseconds(200);
+      testing_support::a_tensor_no_rank_submits_is_left_out(comm, cfg, end);
+    });
+}
+
+TEST(engine_plan, a_withheld_tensor_times_out_naming_the_rank_after_the_patience) {
+  run_in_process(3, [](communicator& comm) {
+    config cfg = test_config();
+    cfg.plan_patience = std::chrono::milliseconds(200);
+    cfg.stall_warning = std::chrono::milliseconds(200);
+    cfg.stall_shutdown = std::chrono::milliseconds(500);
+    testing_support::a_withheld_tensor_times_out_after_the_patience(comm, cfg);
+  });
+}
+
+TEST(engine_plan, without_step_plan_every_step_is_negotiated) {
+  run_in_process(2, [](communicator& comm) {
+    config cfg = test_config();
+    cfg.step_plan = false;
+    engine eng(comm, cfg);
+    testing_support::stepped_tensors m(testing_support::plan_counts());
+    for (int step = 0; step < 6; ++step) m.step(eng, step);
+    EXPECT_EQ(eng.stats().plans_frozen, 0u);
+    EXPECT_EQ(eng.stats().planned_tensors, 0u);
+  });
 }
 
 TEST(engine_inproc_errors, join_has_a_deadline) {
@@ -233,8 +303,9 @@ TEST(engine_timeline, chrome_trace_has_every_phase_per_tensor_and_monotonic_trac
 
 TEST(engine_timeline, the_engine_chooses_on_the_machine_of_the_communicator_it_was_made_from) {
   // one node, but a machine whose segment hand-offs cost a millisecond: the fused runs take the
-  // transport (packed through the fusion buffer), as `automatic` on the user's communicator would
-  traced_phases t = trace_fused_steps(2, cost_params{1e-6, 1.0 / 10e9, 1.0 / 10e9, 1e-3, 1.0 / 1e6});
+  // transport (packed through the fusion buffer, whose copies this machine makes cheap), as
+  // `automatic` on the user's communicator would
+  traced_phases t = trace_fused_steps(2, cost_params{1e-6, 1.0 / 10e9, 1.0 / 10e9, 1e-3, 1.0 / 10e9});
   for (int rank : {0, 1}) {
     const auto& got = t.phases[{rank, "layer0.grad"}];
     EXPECT_NE((t.algorithm[{rank, "layer0.grad"}]), "shared_memory") << "rank " << rank;
@@ -257,7 +328,9 @@ TEST(engine_timeline, fused_tensors_on_one_node_are_reduced_in_place_without_fus
 
 TEST(engine_cache, steady_state_reports_cache_slots) {
   run_in_process(2, [](communicator& comm) {
-    engine eng(comm, test_config());
+    config cfg = test_config();
+    cfg.step_plan = false;  // the response cache's own steady state, without the frozen plan above it
+    engine eng(comm, cfg);
     std::vector<float> v(64, 1.0f);
     for (int step = 0; step < 5; ++step) eng.allreduce_async("w", std::span(v), reduce_op::sum).wait();
     const auto s = eng.stats();

@@ -3,6 +3,7 @@
 
 #include "engine_scenarios.hpp"
 #include "gradient_sync_scenarios.hpp"
+#include "plan_scenarios.hpp"
 
 namespace flexpar {
 namespace {
@@ -39,12 +40,50 @@ TEST_F(mpi_engine, gradient_sync) {
   testing_support::gradient_sync_fp16_rounds(comm, cfg);
 }
 
+TEST_F(mpi_engine, gradient_sync_arena_and_own_buffers_agree_bit_for_bit) {
+  testing_support::arena_and_own_buffers_agree(comm, cfg);
+}
+
+TEST_F(mpi_engine, gradient_sync_frozen_and_added_parameters) {
+  for (bool in_arena : {false, true}) testing_support::frozen_and_added_parameters(comm, cfg, in_arena);
+}
+
 TEST_F(mpi_engine, mismatch_matrix) {
   if (comm.size() < 2) GTEST_SKIP() << "needs two ranks";
   testing_support::mismatch_matrix(comm, cfg);
 }
 
 TEST_F(mpi_engine, join_with_uneven_steps) { testing_support::uneven_steps_with_join(comm, cfg); }
+
+TEST_F(mpi_engine, a_frozen_plan_replays_steps_in_any_order) { testing_support::plan_replays_in_any_order(comm, cfg); }
+
+TEST_F(mpi_engine, a_new_tensor_drops_the_plan_and_it_freezes_again) {
+  testing_support::a_new_tensor_drops_the_plan_and_freezes_again(comm, cfg);
+}
+
+TEST_F(mpi_engine, a_changed_count_under_a_plan_is_a_mismatch_naming_both_sides) {
+  if (comm.size() < 2) GTEST_SKIP() << "needs two ranks";
+  testing_support::a_changed_count_is_a_mismatch_naming_both_sides(comm, cfg);
+}
+
+TEST_F(mpi_engine, a_rank_that_ends_its_step_without_a_tensor_is_named_at_once) {
+  if (comm.size() < 2) GTEST_SKIP() << "needs two ranks";
+  cfg.plan_patience = std::chrono::seconds(3);
+  testing_support::a_rank_that_skips_a_tensor_is_named_at_once(comm, cfg);
+}
+
+TEST_F(mpi_engine, a_frozen_parameter_is_left_out) {
+  cfg.plan_patience = std::chrono::milliseconds(200);
+  testing_support::a_tensor_no_rank_submits_is_left_out(comm, cfg, true);
+}
+
+TEST_F(mpi_engine, a_withheld_tensor_under_a_plan_times_out_naming_the_rank) {
+  if (comm.size() < 2) GTEST_SKIP() << "needs two ranks";
+  cfg.plan_patience = std::chrono::milliseconds(200);
+  cfg.stall_warning = std::chrono::milliseconds(200);
+  cfg.stall_shutdown = std::chrono::milliseconds(500);
+  testing_support::a_withheld_tensor_times_out_after_the_patience(comm, cfg);
+}
 
 }  // namespace
 }  // namespace flexpar

@@ -19,6 +19,7 @@
 #include "engine/protocol.hpp"
 #include "engine/response_cache.hpp"
 #include "engine/stall_inspector.hpp"
+#include "engine/step_plan.hpp"
 
 namespace flexpar::detail {
 namespace {
@@ -500,6 +501,224 @@ TEST(stall_inspector, joined_ranks_and_complete_tensors_are_not_waited_for_and_z
   EXPECT_TRUE(waiting.timeouts.empty());
 }
 
+// ---- the steady state: skipped tensors, the plan, its slots, its rounds, the recorder ---------------
+
+TEST(engine_protocol, steps_skips_and_a_plan_read_back_as_written) {
+  report in;
+  in.slots = {4, 1};
+  in.slot_steps = {7, 8};
+  in.skipped = {{2, 7}, {5, 6}};
+  const report out = decode_report(encode(in));
+  EXPECT_EQ(out.slot_steps, (std::vector<std::uint32_t>{7, 8}));
+  ASSERT_EQ(out.skipped.size(), 2u);
+  EXPECT_EQ(out.skipped[1].slot, 5u);
+  EXPECT_EQ(out.skipped[1].step, 6u);
+  report zero;
+  zero.slots = {3};
+  zero.slot_steps = {0};
+  EXPECT_TRUE(decode_report(encode(zero)).slot_steps.empty()) << "steps of 0 cost nothing on the wire";
+
+  response_list list;
+  response failed;
+  failed.type = response_type::error;
+  failed.name = "t3";
+  failed.text = "why";
+  failed.step = 9;
+  list.responses.push_back(failed);
+  list.plan = {{0, 2}, {1}};
+  const response_list back = decode_response_list(encode(list), response_cache(4), 2);
+  EXPECT_EQ(back.responses[0].step, 9u);
+  EXPECT_EQ(back.plan, (std::vector<std::vector<std::uint32_t>>{{0, 2}, {1}}));
+}
+
+/// Rank `rank`'s report of `slots` by cache slot in step `step`.
+report by_slot(std::vector<std::uint32_t> slots, std::uint32_t step = 0) {
+  report r;
+  r.slot_steps.assign(slots.size(), step);
+  r.slots = std::move(slots);
+  return r;
+}
+
+TEST(coordinator, a_tensor_some_ranks_submitted_and_another_skipped_is_a_mismatch_naming_both) {
+  coordinator_fixture f(3);
+  f.cache.remember(run_full("t3", allreduce_of(4), {4, 4, 4}));
+  std::vector<report> reports{by_slot({0}, 5), by_slot({0}, 5), {}};
+  reports[2].skipped = {{0, 5}};
+  const response_list out = f.co.coordinate(reports, f.t0);
+  ASSERT_EQ(out.responses.size(), 1u);
+  EXPECT_EQ(out.responses[0].type, response_type::error);
+  EXPECT_EQ(out.responses[0].error, error_kind::mismatch);
+  EXPECT_EQ(out.responses[0].step, 5u);
+  EXPECT_EQ(out.responses[0].text,
+            "allreduce \"t3\" (step 5): submitted by ranks {0,1} but rank {2} ended the step without it "
+            "(engine::end_step): the ranks' steps differ");
+}
+
+TEST(coordinator, a_tensor_every_rank_skipped_is_dropped_without_a_response) {
+  coordinator_fixture f(2);
+  f.cache.remember(run_full("t3", allreduce_of(4), {4, 4}));
+  std::vector<report> reports(2);
+  reports[0].skipped = {{0, 2}};
+  EXPECT_TRUE(f.co.coordinate(reports, f.t0).responses.empty());
+  reports[0].skipped.clear();
+  reports[1].skipped = {{0, 2}};
+  EXPECT_TRUE(f.co.coordinate(reports, f.t0).responses.empty()) << "no rank holds it: nothing to answer";
+  // and nothing remains of it: the next step's submissions run at once
+  EXPECT_EQ(f.co.coordinate(std::vector<report>{by_slot({0}, 3), by_slot({0}, 3)}, f.t0).responses.size(), 1u);
+}
+
+TEST(coordinator, the_same_tensor_of_two_steps_never_pairs) {
+  coordinator_fixture f(2);
+  f.cache.remember(run_full("t3", allreduce_of(4), {4, 4}));
+  // rank 1 skipped t3 in step 5 and already submitted step 6's: rank 0's step 5 fails, naming it
+  std::vector<report> reports{by_slot({0}, 5), by_slot({0}, 6)};
+  reports[1].skipped = {{0, 5}};
+  const response_list out = f.co.coordinate(reports, f.t0);
+  ASSERT_EQ(out.responses.size(), 1u);
+  EXPECT_EQ(out.responses[0].type, response_type::error);
+  EXPECT_EQ(out.responses[0].step, 5u);
+  // step 6's waits for rank 0's, and then runs
+  const response_list next = f.co.coordinate(std::vector<report>{by_slot({0}, 6), {}}, f.t0);
+  ASSERT_EQ(next.responses.size(), 1u);
+  EXPECT_EQ(next.responses[0].type, response_type::run_cached);
+  EXPECT_EQ(next.responses[0].step, 6u);
+  // without a skip, two steps' submissions wait for their own step, and the stall says which
+  coordinator_fixture g(2, milliseconds(100), milliseconds(1000));
+  g.cache.remember(run_full("w", allreduce_of(4), {4, 4}));
+  EXPECT_TRUE(g.co.coordinate(std::vector<report>{by_slot({0}, 2), by_slot({0}, 3)}, g.t0).responses.empty());
+  const response_list late = g.co.coordinate(std::vector<report>(2), g.t0 + milliseconds(1500));
+  ASSERT_EQ(late.responses.size(), 2u);
+  for (const response& r : late.responses) EXPECT_EQ(r.error, error_kind::timeout);
+  EXPECT_NE(late.responses[0].text.find("allreduce \"w\" (step "), std::string::npos) << late.responses[0].text;
+}
+
+/// A cache of `n` allreduces "t0"... of `count` floats on `p` ranks, slots in order.
+response_cache cache_of(std::size_t n, std::uint64_t count, int p) {
+  response_cache cache(64);
+  for (std::size_t k = 0; k < n; ++k)
+    cache.remember(run_full(numbered("t", k), allreduce_of(count),
+                            std::vector<std::uint64_t>(static_cast<std::size_t>(p), count)));
+  return cache;
+}
+
+TEST(step_plan, holds_the_announced_buckets_and_agrees_by_digest) {
+  const response_cache cache = cache_of(5, 8, 2);
+  const std::vector<std::vector<std::uint32_t>> buckets{{3, 0}, {4}, {1, 2}};
+  const step_plan plan(cache, buckets, 1);
+  ASSERT_EQ(plan.tensors(), 5u);
+  ASSERT_EQ(plan.buckets(), 3u);
+  EXPECT_EQ(plan.tensor(0).name, "t3");
+  EXPECT_EQ(plan.find("t2"), std::optional<std::uint32_t>(4));
+  EXPECT_EQ(plan.bucket_of(4), 2u);
+  EXPECT_EQ(plan.size_of_bucket(0), 2u);
+  EXPECT_EQ(plan.bucket_tensors(2)[1].name, "t2");
+  EXPECT_EQ(plan.positions(2).size(), 2u);
+  EXPECT_FALSE(plan.find("t9"));
+  EXPECT_TRUE(plan.matches(0, allreduce_of(8)));
+  EXPECT_FALSE(plan.matches(0, allreduce_of(9)));
+  EXPECT_FALSE(plan.matches(0, allreduce_of(8, dtype::f64)));
+  EXPECT_EQ(step_plan(cache, buckets, 0).digest(), plan.digest());
+  const std::vector<std::vector<std::uint32_t>> regrouped{{3, 0, 4}, {1, 2}};
+  EXPECT_NE(step_plan(cache, regrouped, 1).digest(), plan.digest()) << "the same tensors cut otherwise";
+  EXPECT_THROW(step_plan(cache, std::vector<std::vector<std::uint32_t>>{{0}, {0}}, 0), error);
+  EXPECT_THROW(step_plan(cache, std::vector<std::vector<std::uint32_t>>{{7}}, 0), error);
+}
+
+std::shared_ptr<engine_entry> submission(const std::string& name, std::uint64_t count) {
+  auto e = std::make_shared<engine_entry>();
+  e->name = name;
+  e->desc = allreduce_of(count);
+  return e;
+}
+
+TEST(plan_slots, submissions_fill_their_buckets_and_what_the_plan_lacks_stays_out) {
+  const response_cache cache = cache_of(4, 8, 2);
+  plan_slots slots(
+      std::make_shared<const step_plan>(cache, std::vector<std::vector<std::uint32_t>>{{0, 1}, {2, 3}}, 0));
+  using placed = plan_slots::placed;
+  EXPECT_EQ(slots.place(submission("t1", 8)), placed::in_slot);
+  EXPECT_FALSE(slots.waiting());
+  EXPECT_EQ(slots.place(submission("t9", 8)), placed::not_in_plan);
+  EXPECT_EQ(slots.place(submission("t0", 7)), placed::not_in_plan) << "another count";
+  EXPECT_EQ(slots.place(submission("t1", 8)), placed::not_in_plan) << "its slot is still full";
+  const auto t2 = submission("t2", 8);
+  EXPECT_EQ(slots.place(t2), placed::in_slot);
+  EXPECT_EQ(slots.bucket_of(*t2), 1u);
+  EXPECT_EQ(slots.place(submission("t0", 8)), placed::completes_bucket);
+  EXPECT_TRUE(slots.waiting());
+  const plan_round r = slots.round(false);
+  EXPECT_EQ(r.complete, (std::vector<bool>{true, false}));
+  EXPECT_EQ(r.started, (std::vector<bool>{true, true}));
+  const auto bucket0 = slots.take(0);
+  ASSERT_EQ(bucket0.size(), 2u);
+  EXPECT_EQ(bucket0[0]->name, "t0");  // plan order, not submission order
+  EXPECT_EQ(bucket0[1]->name, "t1");
+  EXPECT_FALSE(slots.waiting());
+  EXPECT_EQ(slots.place(submission("t1", 8)), placed::in_slot) << "its slot is free again";
+  // this step submitted t0, t1, t2, not t3
+  EXPECT_EQ(slots.end_step(), (std::vector<std::uint32_t>{3}));
+  EXPECT_TRUE(slots.end_step().empty()) << "a step with nothing of the plan is no step of it";
+  const auto rest = slots.take_all();
+  EXPECT_EQ(rest.size(), 2u);  // t1 (second), t2
+  EXPECT_EQ(slots.round(false).started, (std::vector<bool>{false, false}));
+}
+
+TEST(plan_round, the_max_of_the_votes_says_what_runs_who_leaves_and_whether_the_plans_agree) {
+  // three ranks, three buckets: bucket 0 complete everywhere, bucket 1 on two, bucket 2 begun on one
+  std::vector<plan_round> votes(3);
+  votes[0] = {false, {true, true, false}, {true, true, true}};
+  votes[1] = {false, {true, true, false}, {true, true, false}};
+  votes[2] = {false, {true, false, false}, {true, false, false}};
+  const std::uint64_t digest = 0x0123456789abcdefull;
+  std::vector<std::vector<std::uint8_t>> v;
+  for (const plan_round& x : votes) v.push_back(encode_round(x, digest));
+  auto reduce = [](const std::vector<std::vector<std::uint8_t>>& all) {
+    std::vector<std::uint8_t> m = all[0];
+    for (const auto& x : all)
+      for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::max(m[i], x[i]);
+    return m;
+  };
+  plan_verdict out = decode_round(reduce(v), 3, digest);
+  EXPECT_FALSE(out.leave);
+  EXPECT_FALSE(out.digest_differs);
+  EXPECT_EQ(out.complete_everywhere, (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(out.started_somewhere, (std::vector<bool>{true, true, true}));
+  v[1][0] = 1;  // rank 1 leaves
+  EXPECT_TRUE(decode_round(reduce(v), 3, digest).leave);
+  // a rank with another plan: every rank sees it, whichever way the digests differ
+  v[2] = encode_round(votes[2], digest ^ 0x10);
+  for (std::uint64_t d : {digest, digest ^ 0x10}) EXPECT_TRUE(decode_round(reduce(v), 3, d).digest_differs);
+  EXPECT_THROW(decode_round(reduce(v), 2, digest), error);
+}
+
+TEST(plan_recorder, proposes_a_step_that_ran_twice_by_slot_and_nothing_else) {
+  // a step of four tensors: slots 0..3, fused as two runs by a 32-byte threshold (16 bytes each)
+  plan_recorder rec(32);
+  std::vector<fusion_item> items(4, fusion_item{true, dtype::f32, reduce_op::sum, memory_kind::host, 16});
+  const std::vector<std::optional<std::uint32_t>> full(4), cached{0, 1, 2, 3};
+  auto steps_of = [](std::uint32_t s) { return std::vector<std::uint32_t>(4, s); };
+  EXPECT_FALSE(rec.observe(items, full, steps_of(0), true)) << "step 1: in full";
+  EXPECT_FALSE(rec.observe(items, cached, steps_of(0), true)) << "step 2: after a step in full";
+  EXPECT_FALSE(rec.observe(items, cached, steps_of(0), false)) << "step 3 like step 2, but something is pending";
+  // step 4 like step 3, and quiet: proposed, as step 4's runs
+  const auto plan = rec.observe(items, cached, steps_of(0), true);
+  ASSERT_TRUE(plan);
+  EXPECT_EQ(*plan, (std::vector<std::vector<std::uint32_t>>{{0, 1}, {2, 3}}));
+  EXPECT_FALSE(rec.observe(items, cached, steps_of(0), true)) << "a proposal starts the watch over";
+  // another set in the second step: nothing
+  rec.reset();
+  EXPECT_FALSE(rec.observe(items, cached, steps_of(0), true));
+  EXPECT_FALSE(rec.observe(std::span(items).first(3), std::span(cached).first(3), steps_of(0), true));
+  // steps counted by end_step: a step in two cycles, cut where the step changes, not where a tensor repeats
+  plan_recorder by_step(0);
+  EXPECT_FALSE(by_step.observe(std::span(items).first(2), std::span(cached).first(2), steps_of(4), true));
+  EXPECT_FALSE(by_step.observe(std::span(items).last(2), std::span(cached).last(2), steps_of(4), true));
+  EXPECT_FALSE(by_step.observe(std::span(items).last(2), std::span(cached).last(2), steps_of(5), false));
+  const auto stepped = by_step.observe(std::span(items).first(2), std::span(cached).first(2), steps_of(5), true);
+  ASSERT_TRUE(stepped);
+  EXPECT_EQ(*stepped, (std::vector<std::vector<std::uint32_t>>{{2}, {3}, {0}, {1}}));
+}
+
 // ---- the fused executor (step 5) ------------------------------------------------------------------
 
 response run_of(std::string name, description d, int p) {
@@ -547,9 +766,9 @@ class test_owner final : public fused_executor::owner {
     e->out = out;
     pending[name] = std::move(e);
   }
-  std::shared_ptr<engine_entry> take(const std::string& name) override {
+  std::shared_ptr<engine_entry> take(const std::string& name, std::optional<std::uint32_t> step) override {
     auto it = pending.find(name);
-    if (it == pending.end()) return nullptr;
+    if (it == pending.end() || (step && it->second->desc.step != *step)) return nullptr;
     auto e = std::move(it->second);
     pending.erase(it);
     return e;
@@ -560,7 +779,9 @@ class test_owner final : public fused_executor::owner {
       if (entries[k]) endings[entries[k]->name] = {error, result_counts[k]};
   }
   void ran(std::size_t tensors) override { collectives.push_back(tensors); }
+  void note(const std::string& text) override { notes.push_back(text); }
 
+  std::vector<std::string> notes;
   std::map<std::string, std::shared_ptr<engine_entry>> pending;
   std::map<std::string, ending> endings;
   std::vector<std::size_t> collectives;  // tensors per collective run

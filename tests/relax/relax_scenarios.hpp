@@ -18,6 +18,7 @@
 #include <flexpar/collective.hpp>
 #include <flexpar/relax/async_model_average.hpp>
 #include <flexpar/relax/bytegrad.hpp>
+#include <flexpar/relax/gradient_allreduce.hpp>
 #include <flexpar/relax/low_precision_decentralized.hpp>
 #include <flexpar/relax/onebit_adam.hpp>
 #include <flexpar/relax/registry.hpp>
@@ -29,22 +30,33 @@ namespace flexpar::testing_support {
 /// This rank's model: the test lengths, rank-specific initial weights, gradients set per step.
 struct rank_model {
   std::vector<std::vector<float>> w, g;
+  std::vector<float> one_buffer;  // `one_gradient_buffer`: every gradient, back to back
   std::vector<relax::parameter> params;
 
-  explicit rank_model(int rank) {
+  /// `one_gradient_buffer`: the gradients are views of one flat buffer, in the parameters' order (the
+  /// relaxations reduce it in place), instead of a buffer each.
+  explicit rank_model(int rank, bool one_gradient_buffer = false) {
     const auto& lengths = model_lengths();
     w.resize(lengths.size());
     g.resize(lengths.size());
+    std::size_t total = 0;
     for (std::size_t k = 0; k < lengths.size(); ++k) {
       for (std::size_t i = 0; i < lengths[k]; ++i) w[k].push_back(init_weight(rank, k, i));
       g[k].assign(lengths[k], 0.0f);
+      total += lengths[k];
     }
-    for (std::size_t k = 0; k < lengths.size(); ++k)
-      params.push_back({std::string("p").append(std::to_string(k)), std::span<float>(w[k]), std::span<float>(g[k])});
+    if (one_gradient_buffer) one_buffer.assign(total, 0.0f);
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < lengths.size(); ++k) {
+      const std::span<float> grad =
+          one_gradient_buffer ? std::span<float>(one_buffer).subspan(at, lengths[k]) : std::span<float>(g[k]);
+      params.push_back({std::string("p").append(std::to_string(k)), std::span<float>(w[k]), grad});
+      at += lengths[k];
+    }
   }
   void set_gradients(int rank, int step) {
-    for (std::size_t k = 0; k < g.size(); ++k)
-      for (std::size_t i = 0; i < g[k].size(); ++i) g[k][i] = grad_value(rank, step, k, i);
+    for (std::size_t k = 0; k < params.size(); ++k)
+      for (std::size_t i = 0; i < params[k].gradient.size(); ++i) params[k].gradient[i] = grad_value(rank, step, k, i);
   }
   [[nodiscard]] flat weights() const {
     flat out;
@@ -75,8 +87,9 @@ inline void expect_close(const flat& got, const flat& want, float tol, const com
 /// model)` may check more (collectively) after step s.
 inline void run_against_reference(communicator& comm, relax::relaxation& algo, int steps, const history& ref,
                                   const tolerance_fn& tol, const std::string& what,
-                                  const std::function<void(int, const rank_model&)>& after_step = {}) {
-  rank_model m(comm.rank());
+                                  const std::function<void(int, const rank_model&)>& after_step = {},
+                                  bool one_gradient_buffer = false) {
+  rank_model m(comm.rank(), one_gradient_buffer);
   relax::sgd opt = test_sgd();
   algo.start(m.params);
   const auto me = static_cast<std::size_t>(comm.rank());
@@ -141,6 +154,10 @@ inline void gradient_allreduce_matches_reference(communicator& comm, bool hierar
   run_against_reference(comm, "gradient_allreduce", {.hierarchical = hierarchical}, steps,
                         reference_gradient_allreduce(comm.size(), steps), exact,
                         hierarchical ? "gradient_allreduce(hierarchical)" : "gradient_allreduce");
+  // gradients in one flat buffer, reduced where they lie (no gather, no scatter): the same weights
+  relax::gradient_allreduce in_place(comm, hierarchical);
+  run_against_reference(comm, in_place, steps, reference_gradient_allreduce(comm.size(), steps), exact,
+                        "gradient_allreduce over one gradient buffer", {}, true);
 }
 
 inline void bytegrad_matches_reference(communicator& comm, std::size_t chunk) {

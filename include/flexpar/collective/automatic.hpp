@@ -184,7 +184,7 @@ inline const cost_params& machine_of(communicator& comm) {
 }
 
 namespace detail {
-algorithm cheapest_allreduce(communicator& comm, std::size_t bytes);
+algorithm cheapest_allreduce(communicator& comm, std::size_t bytes, double gathered_seconds = 0);
 }
 
 /// The algorithm `allreduce(..., automatic)` runs for `bytes` on `comm`. Collective (it may measure
@@ -198,6 +198,16 @@ inline algorithm choose_allreduce(communicator& comm, std::size_t bytes) {
   ctx.last_allreduce_bytes = bytes;
   ctx.last_allreduce_choice = static_cast<int>(chosen);
   return chosen;
+}
+
+/// The algorithm of one allreduce over several tensors that lie apart (the engine's fused run) of
+/// `bytes` together: as choose_allreduce, but the algorithms that need them in one buffer pay for
+/// the copies into it and out of it (2 × bytes at the machine's copy rate), which shared_memory,
+/// reading and writing the tensors where they lie (allreduce_shared_memory_pieces), does not.
+/// Collective, like choose_allreduce; every rank gets the same answer.
+inline algorithm choose_fused_allreduce(communicator& comm, std::size_t bytes) {
+  if (comm.size() == 1) return algorithm::ring;
+  return detail::cheapest_allreduce(comm, bytes, 2.0 * static_cast<double>(bytes) * machine_of(comm).copy_beta);
 }
 
 namespace detail {
@@ -215,19 +225,23 @@ inline algorithm cheapest(std::span<const candidate> candidates) {
   return best->a;
 }
 
-inline algorithm cheapest_allreduce(communicator& comm, std::size_t bytes) {
+/// `gathered_seconds`: what the algorithms other than shared_memory pay on top (the copies of tensors
+/// that lie apart into one buffer and back: choose_fused_allreduce).
+inline algorithm cheapest_allreduce(communicator& comm, std::size_t bytes, double gathered_seconds) {
   const int p = comm.size();
   const cost_params& m = machine_of(comm);
   const double b = static_cast<double>(bytes);
   const node_topology& topo = comm.topology();
-  std::vector<candidate> candidates{{algorithm::ring, allreduce_ring_cost(p, b).seconds(m)},
-                                    {algorithm::halving_doubling, allreduce_halving_doubling_cost(p, b).seconds(m)}};
+  std::vector<candidate> candidates{
+      {algorithm::ring, allreduce_ring_cost(p, b).seconds(m) + gathered_seconds},
+      {algorithm::halving_doubling, allreduce_halving_doubling_cost(p, b).seconds(m) + gathered_seconds}};
   if (one_node_segment(comm) != nullptr)
     candidates.push_back({algorithm::shared_memory, allreduce_shared_memory_cost(p, b).seconds(m)});
   if (topo.node_count() > 1 && topo.uniform() && topo.local_size() > 1) {
     const bool segment = one_node_segment(*hierarchy_of(comm).node) != nullptr;
     candidates.push_back({algorithm::hierarchical,
-                          allreduce_hierarchical_cost(topo.local_size(), topo.node_count(), b, m, segment).seconds(m)});
+                          allreduce_hierarchical_cost(topo.local_size(), topo.node_count(), b, m, segment).seconds(m) +
+                              gathered_seconds});
   }
   return cheapest(candidates);
 }

@@ -108,6 +108,17 @@ struct config {
   /// stalled tensor's handles on every rank with a timeout_error.
   std::chrono::milliseconds stall_shutdown{std::chrono::seconds(300)};
 
+  /// FLEXPAR_STEP_PLAN (0 or 1; default 1): once a step's submissions have repeated (the same
+  /// tensors, descriptions and counts, twice in a row), the engine freezes them into a plan and
+  /// replays it with one small agreement per round instead of negotiating every tensor
+  /// (include/flexpar/engine/engine.hpp, "The steady state"). 0: every tensor is negotiated.
+  bool step_plan = true;
+
+  /// FLEXPAR_PLAN_PATIENCE_MS (milliseconds, fractional allowed; default 1000): how long a bucket of
+  /// the frozen plan may wait, begun on some rank, for a rank that has not completed it, before the
+  /// ranks drop the plan and negotiate (a tensor skipped or submitted much later than the others).
+  std::chrono::microseconds plan_patience{std::chrono::seconds(1)};
+
   /// FLEXPAR_TIMELINE (a file path; default empty = off): write a Chrome-trace JSON timeline of
   /// the engine's work there (all ranks merged into one file by rank 0 at shutdown).
   std::string timeline_path;

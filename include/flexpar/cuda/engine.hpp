@@ -58,55 +58,40 @@ class engine_backend final : public device_backend {
 // done, order_after() makes a stream wait for it on the device instead. The spans stay in use until
 // then. A host span where a device span is expected does not compile.
 
-namespace detail {
-inline device_backend& backend_of(engine& eng, const std::string& name) {
-  if (!eng.device())
-    throw error_on<usage_error>(eng.rank(), "engine", "\"", name,
-                                "\" is a device tensor, but this engine has no device backend (build the engine with "
-                                "one: flexpar::cuda::engine_backend)");
-  return *eng.device();
-}
-}  // namespace detail
-
 /// Reduces `data` in place across ranks (engine::allreduce_async for device memory).
 template <element T>
 handle allreduce_async(engine& eng, std::string name, device_span<T> data, reduce_op op, cudaStream_t stream,
                        completion_callback done = {}) {
-  device_marker ready = detail::backend_of(eng, name).capture(stream);
   return eng.submit_device(std::move(name), collective_kind::allreduce, dtype_of<T>, op, -1, data.data(), data.data(),
-                           data.size(), data.size(), std::move(ready), std::move(done));
+                           data.size(), data.size(), stream, std::move(done));
 }
 /// Every rank's `mine` (counts may differ per rank) into `all`, in rank order.
 template <element T>
 handle allgather_async(engine& eng, std::string name, device_span<const T> mine, device_span<T> all,
                        cudaStream_t stream, completion_callback done = {}) {
-  device_marker ready = detail::backend_of(eng, name).capture(stream);
   return eng.submit_device(std::move(name), collective_kind::allgather, dtype_of<T>, reduce_op::sum, -1, mine.data(),
-                           all.data(), mine.size(), all.size(), std::move(ready), std::move(done));
+                           all.data(), mine.size(), all.size(), stream, std::move(done));
 }
 /// `data` of rank `root` into `data` of every rank.
 template <element T>
 handle broadcast_async(engine& eng, std::string name, device_span<T> data, int root, cudaStream_t stream,
                        completion_callback done = {}) {
-  device_marker ready = detail::backend_of(eng, name).capture(stream);
   return eng.submit_device(std::move(name), collective_kind::broadcast, dtype_of<T>, reduce_op::sum, root, data.data(),
-                           data.data(), data.size(), data.size(), std::move(ready), std::move(done));
+                           data.data(), data.size(), data.size(), stream, std::move(done));
 }
 /// Block r of the reduction of every rank's `in` into `out` on rank r (blocks as equal as can be).
 template <element T>
 handle reduce_scatter_async(engine& eng, std::string name, device_span<const T> in, device_span<T> out, reduce_op op,
                             cudaStream_t stream, completion_callback done = {}) {
-  device_marker ready = detail::backend_of(eng, name).capture(stream);
   return eng.submit_device(std::move(name), collective_kind::reduce_scatter, dtype_of<T>, op, -1, in.data(), out.data(),
-                           in.size(), out.size(), std::move(ready), std::move(done));
+                           in.size(), out.size(), stream, std::move(done));
 }
 /// Block j of `in` to rank j; block i of `out` from rank i (in.size() divisible by the ranks).
 template <element T>
 handle alltoall_async(engine& eng, std::string name, device_span<const T> in, device_span<T> out, cudaStream_t stream,
                       completion_callback done = {}) {
-  device_marker ready = detail::backend_of(eng, name).capture(stream);
   return eng.submit_device(std::move(name), collective_kind::alltoall, dtype_of<T>, reduce_op::sum, -1, in.data(),
-                           out.data(), in.size(), out.size(), std::move(ready), std::move(done));
+                           out.data(), in.size(), out.size(), stream, std::move(done));
 }
 
 /// Makes `stream` wait, on the device, for the collective of `h` (handle::order_after).
@@ -120,6 +105,19 @@ template <element T>
 void register_parameter(gradient_sync& sync, std::string name, device_span<T> parameter, device_span<T> gradient) {
   sync.register_device_parameter(std::move(name), dtype_of<T>, parameter.data(), parameter.size(), gradient.data(),
                                  gradient.size());
+}
+/// Registers a device parameter whose gradient lives in `sync`'s device arena (gradient_sync's file
+/// header): cuda::gradient gives it.
+template <element T>
+void register_parameter(gradient_sync& sync, std::string name, device_span<T> parameter) {
+  sync.register_device_parameter(std::move(name), dtype_of<T>, parameter.data(), parameter.size());
+}
+/// The device gradient of an arena parameter of element type T (gradient_sync::gradient for device
+/// memory; uninitialized until the backward pass writes it).
+template <element T>
+device_span<T> gradient(gradient_sync& sync, std::string_view name) {
+  const std::span<std::byte> bytes = sync.device_gradient(name, dtype_of<T>);
+  return {reinterpret_cast<T*>(bytes.data()), bytes.size() / sizeof(T)};
 }
 /// `name`'s gradient is final; it was produced on `stream` (gradient_sync::on_gradient_ready).
 inline void on_gradient_ready(gradient_sync& sync, std::string_view name, cudaStream_t stream) {

@@ -172,6 +172,7 @@ class device_model {
   std::vector<copy_region> regions_;
   std::vector<device_buffer<float>> theirs_;  // the peers' weights in exchange_weights
   std::unique_ptr<links> links_;
+  allocation_ranges ranges_;  // whether back-to-back gradients are one buffer
 };
 }  // namespace detail
 

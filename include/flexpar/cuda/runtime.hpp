@@ -140,6 +140,21 @@ class event {
 /// Makes `waiter` wait (on the device, without blocking the host) for the work recorded in `e`.
 void stream_wait(cudaStream_t waiter, const event& e);
 
+/// Which allocation device addresses lie in (the driver's cuMemGetAddressRange, reached through the
+/// runtime's entry point: no link to libcuda). One copy, kernel range or collective may not span two
+/// allocations, even where the allocator put them back to back (cudaMemcpy refuses it, a CUDA IPC
+/// handle covers one): tensors that lie back to back are one buffer only within one allocation.
+class allocation_ranges {
+ public:
+  /// Resolves the entry point (on a driver without it, one_allocation() is always false).
+  allocation_ranges();
+  /// Whether [begin, begin + bytes) lies in one allocation; false when the driver cannot tell.
+  [[nodiscard]] bool one_allocation(const void* begin, std::size_t bytes) const;
+
+ private:
+  void* address_range_ = nullptr;  // CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr)
+};
+
 /// Blocks until the work recorded in `e` is done, polling, with a deadline: past it throws
 /// timeout_error "[rank R] <what>: the GPU work did not finish within N ms". A CUDA error from the
 /// work (a failed kernel) throws transport_error.

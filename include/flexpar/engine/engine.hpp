@@ -37,6 +37,29 @@
 // A rank that reaches no coordinator (or a coordinator that misses a rank's report) before
 // `config::timeout` fails every pending handle with the timeout and refuses new work.
 //
+// ## The steady state (config::step_plan)
+// A training loop submits the same tensors every step. Once a step has repeated, the ranks stop
+// negotiating it tensor by tensor:
+//  7. Rank 0 cuts its response lists into steps (a step ends where a tensor comes back). When two
+//     steps in a row ran the same tensors, each by cache slot, and nothing is pending anywhere, its
+//     response list also carries a plan: that step's fused runs as buckets, by cache slot. Every rank
+//     freezes it after running the list (from its own cache: the same plan everywhere).
+//  8. A submission that is a tensor of the plan, with its description, goes into its slot at once,
+//     on the submitting thread (no report, no response, no lookup by the background thread).
+//  9. A round replaces a cycle: one allreduce (max) of a few bytes, "this bucket is complete here"
+//     and "begun here" per bucket, a "leave" flag and the plan's digest. The buckets complete on
+//     every rank run in plan order, as step 5 runs a fused response (in place when their tensors lie
+//     back to back: gradient_sync's arena). A rank enters a round when a bucket completes here, again
+//     at once while one complete here waits for the others, and at least once per cycle.
+// 10. Every rank drops the plan in the round where any rank says "leave": it had a submission the
+//     plan does not have (a new tensor, another description or count, the same one twice), a step
+//     ended without a tensor of the plan (end_step()), a bucket begun somewhere waited longer than
+//     config::plan_patience for a rank, a join, a shutdown. What is in the slots is then negotiated
+//     from the next cycle on, exactly as without a plan, and rank 0 watches for the next repetition.
+//     A tensor that some ranks submitted and another's step ended without is a mismatch_error
+//     naming both; one no rank submitted (a frozen parameter) is simply not run.
+// Cost per round: one allreduce of 17 + 2 × buckets bytes; nothing per tensor but its slot.
+//
 // ## Errors and the caller's buffers
 // When one tensor fails (a mismatch, a stall timeout, an output too small, a name submitted twice)
 // the others of its batch may still be waiting for other ranks or running. handle::wait rethrows
@@ -198,12 +221,14 @@ class engine {
 
   /// The type-erased submission of a device tensor, behind flexpar/cuda/engine.hpp's typed functions:
   /// `in` and `out` are device addresses (`count` input elements; `out_capacity` output elements),
-  /// `ready` the position of its producer's stream (device_backend::capture). The same rules as the
-  /// host forms; every rank must submit the tensor as a device tensor (a host tensor of the same name
-  /// elsewhere is a mismatch), and a fused response holds only device tensors.
+  /// `stream` the stream that produced it (a cudaStream_t: the collective runs after the work queued
+  /// there so far; the position is captured at submission, or once for its whole bucket in the steady
+  /// state). The same rules as the host forms; every rank must submit the tensor as a device tensor
+  /// (a host tensor of the same name elsewhere is a mismatch), and a fused response holds only device
+  /// tensors.
   /// @throws usage_error when this engine has no device backend.
   handle submit_device(std::string name, collective_kind kind, dtype type, reduce_op op, int root, const void* in,
-                       void* out, std::size_t count, std::size_t out_capacity, device_marker ready,
+                       void* out, std::size_t count, std::size_t out_capacity, void* stream,
                        completion_callback done = {});
 
   /// The device backend the engine was built with, or null.
@@ -215,6 +240,12 @@ class engine {
   /// usage_error. Blocks until every rank has joined; returns the last rank to join.
   /// @throws timeout_error when not every rank joined within config::timeout (this rank stays joined).
   int join();
+
+  /// This rank has submitted every tensor of its current step (gradient_sync calls it at the end of
+  /// each step). Under a frozen plan, a tensor of the plan this step did not submit makes every rank
+  /// drop the plan at once (instead of after config::plan_patience), and the ranks that did submit it
+  /// get a mismatch_error naming this rank. Without a plan it does nothing. Not collective; never blocks.
+  void end_step();
 
   /// This rank in the engine's communicator (the same as in the communicator it was built on).
   [[nodiscard]] int rank() const noexcept;
@@ -231,6 +262,11 @@ class engine {
     std::size_t collectives = 0;        ///< collectives run (fused or not)
     std::size_t cache_hits = 0;         ///< tensors this rank reported by cache slot
     std::size_t full_reports = 0;       ///< tensors this rank reported in full
+    std::size_t plans_frozen = 0;       ///< steps frozen into a plan ("The steady state")
+    std::size_t plans_dropped = 0;      ///< plans the ranks left
+    std::size_t plan_rounds = 0;        ///< rounds run under a plan
+    std::size_t planned_tensors = 0;    ///< tensors run by a plan, without negotiation
+    std::size_t plan_buckets = 0;       ///< buckets of the plan in force (0: none)
   };
   /// A snapshot of the counters.
   [[nodiscard]] statistics stats() const;

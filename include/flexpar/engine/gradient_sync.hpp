@@ -18,7 +18,20 @@
 // on_gradient_ready(name) submits that gradient's allreduce at once, so communication overlaps the
 // rest of the backward pass; the engine fuses what becomes ready together (bucketing follows
 // readiness). synchronize() submits the gradients not marked ready (unused parameters: every rank
-// must reduce every registered gradient), waits, and scales.
+// must reduce every registered gradient), waits, and scales; it ends the engine's step
+// (engine::end_step), so that from the third step on the engine replays a frozen plan.
+//
+// Gradients in the arena (PyTorch DDP's gradient_as_bucket_view): a parameter registered without a
+// gradient buffer gets one from the sync, a view of a flat buffer the sync owns, one per dtype and
+// memory. The arena holds the gradients in the reverse of their registration order (the order a
+// backward pass produces them) and is cut into buckets of about `bucket_bytes`; a bucket's allreduce
+// starts when its last gradient is ready, and runs in place: no copy into a fusion buffer and back.
+//
+//   sync.register_parameter("fc1.weight", w1);           // no gradient buffer: in the arena
+//   std::span<float> g1 = sync.gradient<float>("fc1.weight");  // the backward pass writes here
+//
+// Frozen parameters (freeze()): not reduced, their gradients left alone; every rank must freeze the
+// same ones, between steps.
 #pragma once
 
 #include <cstddef>
@@ -50,6 +63,10 @@ struct gradient_sync_options {
   /// Gradients of this many backward passes are accumulated locally (in the grad buffers, by the
   /// caller's backward) before one synchronization.
   int backward_passes_per_step = 1;
+  /// The arena's buckets hold about this many bytes of gradients each (a parameter larger than it has
+  /// a bucket of its own): smaller buckets start reducing earlier in the backward pass, larger ones
+  /// run fewer collectives. 0: one bucket per parameter.
+  std::size_t bucket_bytes = std::size_t{25} << 20;
 };
 
 /// Data-parallel gradient synchronization over an engine (usage above).
@@ -71,11 +88,44 @@ class gradient_sync {
         parameter.size(), gradient.size());
   }
 
+  /// Registers a parameter whose gradient lives in the sync's arena (file header): gradient() gives
+  /// it, zeros until the caller's backward pass writes it. Same rules as the form with a gradient.
+  template <element T>
+  void register_parameter(std::string name, std::span<T> parameter) {
+    add(std::move(name), dtype_of<T>, std::as_writable_bytes(parameter), {}, parameter.size(), parameter.size(), true);
+  }
+
+  /// The gradient of an arena parameter of element type T. The first call after registrations lays
+  /// out the arena for the parameters registered so far; the span stays valid as long as the sync
+  /// (parameters registered later get an arena block of their own).
+  /// @throws usage_error for a parameter that is not in the arena, a device parameter, or another T.
+  template <element T>
+  std::span<T> gradient(std::string_view name) {
+    const std::span<std::byte> bytes = arena_gradient(name, dtype_of<T>);
+    return {reinterpret_cast<T*>(bytes.data()), bytes.size() / sizeof(T)};
+  }
+
   /// Registers a parameter and its gradient in device memory (elements of `type`; the counts must
   /// agree): the type-erased form behind flexpar::cuda::register_parameter. The engine must have a device backend.
   /// @throws usage_error as register_parameter, or when the engine has no device backend.
   void register_device_parameter(std::string name, dtype type, void* parameter, std::size_t parameter_count,
                                  void* gradient, std::size_t gradient_count);
+  /// Registers a device parameter whose gradient lives in the sync's device arena (uninitialized
+  /// device memory; device_gradient() gives it): the form behind flexpar::cuda::register_parameter
+  /// without a gradient.
+  void register_device_parameter(std::string name, dtype type, void* parameter, std::size_t count);
+  /// An arena parameter's gradient in device memory (`type` as registered): its device addresses as a
+  /// span of bytes, which the host must not read; the form behind flexpar::cuda::gradient.
+  /// @throws usage_error as gradient().
+  std::span<std::byte> device_gradient(std::string_view name, dtype type);
+
+  /// Stops reducing `name`'s gradient (its layer is frozen) until unfreeze(); its gradient buffer is
+  /// left alone. Every rank must freeze the same parameters before the same step (otherwise the
+  /// engine's mismatch error names the tensor and the ranks). Between steps only.
+  /// @throws usage_error for an unknown name or while a step is in progress.
+  void freeze(std::string_view name);
+  /// Reduces `name`'s gradient again from the next step on. Between steps only.
+  void unfreeze(std::string_view name);
 
   /// Called by the backward pass when `name`'s gradient is final for this pass. On the last pass of
   /// a step it starts that gradient's allreduce. Thread-safe. For a device parameter use the form
@@ -96,8 +146,8 @@ class gradient_sync {
   bool synchronize(void* stream);
 
   /// Collective: every rank's parameters (host and device) become rank `root`'s; returns when they have.
-  /// Device parameters are read once the work queued on `stream` (a cudaStream_t; null: nothing to
-  /// wait for) has run: their initialization.
+  /// Device parameters are read once the work queued on `stream` (a cudaStream_t; null: the default
+  /// stream) has run: their initialization.
   void broadcast_parameters(int root, void* stream = nullptr);
 
   /// The options it was built with.
@@ -106,7 +156,8 @@ class gradient_sync {
  private:
   struct state;
   void add(std::string name, dtype type, std::span<std::byte> parameter, std::span<std::byte> gradient,
-           std::size_t parameter_count, std::size_t gradient_count);
+           std::size_t parameter_count, std::size_t gradient_count, bool in_arena = false);
+  std::span<std::byte> arena_gradient(std::string_view name, dtype type);
   std::unique_ptr<state> state_;
 };
 

@@ -166,6 +166,22 @@ class flat_model {
     for (std::size_t i = 0; i < params.size(); ++i)
       std::copy_n(flat.begin() + offset_of(i), params[i].gradient.size(), params[i].gradient.begin());
   }
+  /// The gradients as one buffer, when they lie back to back in the list's order (a flat gradient
+  /// buffer cut into parameters): its first element, or null. Reduced there in place, they need no
+  /// gather into the flat buffer and no scatter back (and give what the gathered buffer gives, bit
+  /// for bit: the same elements in the same places). `Param`: as bind()'s.
+  template <class Param>
+  [[nodiscard]] static float* back_to_back_gradients(std::span<const Param> params) noexcept {
+    float* first = nullptr;
+    float* next = nullptr;
+    for (const Param& p : params) {
+      if (p.gradient.empty()) continue;  // an empty one may point anywhere
+      if (first == nullptr) first = next = p.gradient.data();
+      if (p.gradient.data() != next) return nullptr;
+      next += p.gradient.size();
+    }
+    return first;
+  }
   /// Copies every weight into `flat`.
   void gather_weights(std::span<const parameter> params, std::span<float> flat) const {
     for (std::size_t i = 0; i < params.size(); ++i)

@@ -61,6 +61,10 @@ class host_model {
     for (std::size_t i = 0; i < params.size(); ++i) opt.apply(i, params[i].weight, params[i].gradient);
   }
   std::uint64_t average_gradients(std::span<const parameter> params, flexpar::algorithm how) {
+    if (float* g = flat_model::back_to_back_gradients(params)) {  // one flat gradient buffer: in place
+      flexpar::allreduce(comm_, std::span<float>(g, model_.size()), reduce_op::avg, how);
+      return ring_allreduce_bytes(model_.size(), comm_.size());
+    }
     model_.gather_gradients(params, flat_);
     flexpar::allreduce(comm_, std::span<float>(flat_), reduce_op::avg, how);
     model_.scatter_gradients(flat_, params);
