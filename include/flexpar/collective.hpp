@@ -101,7 +101,8 @@ void allreduce_in_place(communicator& comm, std::span<T> data, reduce_op op, alg
     case algorithm::shared_memory: allreduce_shared_memory(comm, data, op); break;
     default: unsupported(comm, "allreduce", a, "automatic, ring, halving_doubling, hierarchical, shared_memory");
   }
-  if (op == reduce_op::avg) scale_for_average(data, comm.size());
+  // shared_memory divides each part as it reduces it (allreduce_shared_memory.hpp, step 3)
+  if (op == reduce_op::avg && a != algorithm::shared_memory) scale_for_average(data, comm.size());
 }
 
 /// Returns my reduced block: at its place in `data`, or at the front (result_at::front).

@@ -153,6 +153,15 @@ std::string fused_executor::run_fused(response_run group, std::span<const std::s
   const std::size_t element = size_of(type);
   std::size_t total = 0;
   for (std::size_t k = 0; k < group.size(); ++k) total += group[k].counts[me] * element;
+  if (comm_.size() == 1) {  // one rank: every tensor is its own result
+    for (std::size_t k = 0; k < group.size(); ++k) {
+      const std::size_t bytes = group[k].counts[me] * element;
+      if (entries[k] && bytes != 0 && entries[k]->in.data() != entries[k]->out.data())
+        std::memcpy(entries[k]->out.data(), entries[k]->in.data(), bytes);
+    }
+    times.reduced = clock::now();
+    return "none (one rank)";
+  }
   const algorithm a = group.size() > 1 ? choose_fused_allreduce(comm_, total) : choose_allreduce(comm_, total);
   if (std::all_of(entries.begin(), entries.end(), [](const auto& e) { return e != nullptr; })) {
     // Tensors that lie back to back, each in place, in the group's order (gradients in one flat

@@ -112,6 +112,11 @@ struct gradient_sync::state {
   }
 
   [[nodiscard]] bool compressed() const noexcept { return options.compression != wire_compression::none; }
+  /// The collective averages (reduce_op::avg: the division in its reduction, no pass of its own),
+  /// where the average is over the ranks alone and nothing is decompressed after it.
+  [[nodiscard]] bool averaged_by_collective() const noexcept {
+    return options.reduction == gradient_reduction::average && options.backward_passes_per_step == 1 && !compressed();
+  }
 
   /// A step has begun: a pass ended, or a gradient was marked ready.
   [[nodiscard]] bool in_step() const {
@@ -217,6 +222,8 @@ struct gradient_sync::state {
     if (stale) make_units();
   }
 
+  [[nodiscard]] reduce_op op() const noexcept { return averaged_by_collective() ? reduce_op::avg : reduce_op::sum; }
+
   /// Starts `u`'s allreduce (under mutex); a device gradient after the work on `stream` and on every
   /// other stream its members came from.
   void submit(unit& u, void* stream) {
@@ -232,8 +239,8 @@ struct gradient_sync::state {
         travels = u.device_wire.get();
       }
       const dtype t = compressed() ? wire_type(options.compression) : u.type;
-      u.in_flight = eng.submit_device(u.name, collective_kind::allreduce, t, reduce_op::sum, -1, travels, travels,
-                                      u.count, u.count, stream);
+      u.in_flight = eng.submit_device(u.name, collective_kind::allreduce, t, op(), -1, travels, travels, u.count,
+                                      u.count, stream);
       return;
     }
     if (compressed()) {
@@ -246,7 +253,7 @@ struct gradient_sync::state {
                                         wire_type(options.compression), u.count, reduce_op::sum);
     } else {
       const std::span<std::byte> g(u.host, u.count * size_of(u.type));
-      u.in_flight = eng.allreduce_async(u.name, std::span<const std::byte>(g), g, u.type, u.count, reduce_op::sum);
+      u.in_flight = eng.allreduce_async(u.name, std::span<const std::byte>(g), g, u.type, u.count, op());
     }
   }
 
@@ -341,8 +348,9 @@ struct gradient_sync::state {
     for (unit& u : units) running.push_back(&u);
     lock.unlock();
     const double ranks = static_cast<double>(eng.size());
-    const double factor =
-        options.reduction == gradient_reduction::average ? 1.0 / (ranks * options.backward_passes_per_step) : 1.0;
+    const double factor = options.reduction == gradient_reduction::average && !averaged_by_collective()
+                              ? 1.0 / (ranks * options.backward_passes_per_step)
+                              : 1.0;
     // Every reduction is settled before an error reaches the caller: none still writes a gradient then.
     std::exception_ptr first_error;
     for (unit* u : running) {

@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include <flexpar/collective.hpp>
 #include <flexpar/comm/run_in_process.hpp>
@@ -229,13 +230,14 @@ TEST(engine_inproc_errors, join_has_a_deadline) {
 struct traced_phases {
   std::map<std::pair<int, std::string>, std::set<std::string>> phases;  // (rank, track) -> event names
   std::map<std::pair<int, std::string>, std::string> algorithm;         // (rank, tensor) -> its ALLREDUCE's
+  std::map<std::tuple<int, std::string, std::string>, int> spans;       // (rank, track, event) -> how many
 };
 
 /// A machine on which the segment wins at every size (a measured one follows the load of this
 /// machine, and under a parallel ctest the transport's blocking waits can win).
 constexpr cost_params segment_wins{20e-6, 1.0 / 1e9, 1.0 / 10e9, 0.5e-6, 1.0 / 20e9};
 
-traced_phases trace_fused_steps(int ranks_per_node, const cost_params& machine = segment_wins) {
+traced_phases trace_fused_steps(int ranks_per_node, const cost_params& machine = segment_wins, int steps = 3) {
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("flexpar_engine_timeline_test" + std::to_string(ranks_per_node) + ".json"))
                                .string();
@@ -249,7 +251,7 @@ traced_phases trace_fused_steps(int ranks_per_node, const cost_params& machine =
         set_cost_params(comm, machine);  // the engine's communicator inherits it
         engine eng(comm, cfg);
         std::vector<std::vector<float>> grads(6, std::vector<float>(256, 1.0f));
-        for (int step = 0; step < 3; ++step) {
+        for (int step = 0; step < steps; ++step) {
           std::vector<handle> hs;
           for (std::size_t i = 0; i < grads.size(); ++i)
             hs.push_back(
@@ -280,6 +282,7 @@ traced_phases trace_fused_steps(int ranks_per_node, const cost_params& machine =
     out.phases[{pid, track_names[{pid, tid}]}].insert(name);
     if (name == "ALLREDUCE" && e.contains("args") && e.at("args").contains("algorithm"))
       out.algorithm[{pid, track_names[{pid, tid}]}] = e.at("args").at("algorithm").get<std::string>();
+    if (e.at("ph") == "X") ++out.spans[{pid, track_names[{pid, tid}], name}];
   }
   std::filesystem::remove(path);
   return out;
@@ -324,6 +327,18 @@ TEST(engine_timeline, fused_tensors_on_one_node_are_reduced_in_place_without_fus
       EXPECT_FALSE(got.contains("MEMCPY_IN_FUSION_BUFFER") || got.contains("MEMCPY_OUT_FUSION_BUFFER"))
           << "rank " << rank << " " << tensor << " was copied through the fusion buffer";
     }
+}
+
+TEST(engine_timeline, the_steady_state_still_shows_every_tensors_phases_in_every_step) {
+  const int steps = 8;  // from the third on under the frozen plan
+  traced_phases t = trace_fused_steps(2, segment_wins, steps);
+  for (int rank : {0, 1})
+    for (int i = 0; i < 6; ++i) {
+      const std::string tensor = "layer" + std::to_string(i) + ".grad";
+      for (const char* phase : {"NEGOTIATE", "QUEUE", "ALLREDUCE"})
+        EXPECT_EQ((t.spans[{rank, tensor, phase}]), steps) << "rank " << rank << " " << tensor << " " << phase;
+    }
+  EXPECT_GT((t.phases[{0, "cycles"}].count("PLAN ROUND")), 0u) << "the rounds of the plan are marked";
 }
 
 TEST(engine_cache, steady_state_reports_cache_slots) {

@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 
+#include <flexpar/collective.hpp>
 #include <flexpar/comm/run_in_process.hpp>
 #include <flexpar/cuda/engine.hpp>
 #include <flexpar/engine/gradient_sync.hpp>
@@ -288,5 +289,56 @@ TEST(EngineDevice, GradientSyncStepAfterStepReadsThisStepsAverage) {
           },
           engine_config());
     }
+  }
+}
+
+// The steady state on the device: device parameters whose gradients live in gradient_sync's device
+// arena (no gradient buffers of the caller's), stepped until the engine replays its frozen plan; every
+// step's average read back on the caller's stream against the serial one, and the plan in force.
+TEST(EngineDevice, GradientSyncArenaOnTheDeviceInTheSteadyState) {
+  if (under_mpiexec()) GTEST_SKIP() << "the thread-rank form runs without mpiexec";
+  for (int world : {2, 3}) {
+    flexpar::run_in_process(
+        world,
+        [&](flexpar::communicator& comm) {
+          const int p = comm.size(), me = comm.rank();
+          device_sync rig(comm, {.reduction = flexpar::gradient_reduction::sum, .bucket_bytes = 4096});
+          flexpar::gradient_sync& sync = rig.sync;
+          fc::stream s;
+          const std::vector<std::size_t> counts{512, 3, 1500, 1, 700};
+          std::vector<fc::device_buffer<float>> weight;
+          std::vector<std::string> names;
+          for (std::size_t k = 0; k < counts.size(); ++k) {
+            weight.emplace_back(counts[k]);
+            names.push_back("w" + std::to_string(k));
+            fc::register_parameter(sync, names[k], weight[k].span());
+          }
+          std::vector<fc::device_span<float>> grad;
+          for (const std::string& n : names) grad.push_back(fc::gradient<float>(sync, n));
+          for (std::size_t k = 0; k < counts.size(); ++k) ASSERT_EQ(grad[k].size(), counts[k]);
+          for (int step = 0; step < 10; ++step) {
+            for (std::size_t k = counts.size(); k-- > 0;) {
+              std::vector<float> g(counts[k]);
+              for (std::size_t i = 0; i < g.size(); ++i)
+                g[i] =
+                    static_cast<float>((me + 1) * static_cast<int>((i + k + static_cast<std::size_t>(step)) % 5 + 1));
+              fc::copy_async(grad[k], std::span<const float>(g), s);
+              fc::on_gradient_ready(sync, names[k], s);
+            }
+            ASSERT_TRUE(fc::synchronize(sync, s));
+            for (std::size_t k = 0; k < counts.size(); ++k) {
+              const auto got = download(fc::device_span<const float>(grad[k]), s);
+              for (std::size_t i = 0; i < got.size(); ++i)
+                ASSERT_EQ(got[i],
+                          static_cast<float>(p * (p + 1) / 2 *
+                                             static_cast<int>((i + k + static_cast<std::size_t>(step)) % 5 + 1)))
+                    << "step " << step << ", parameter " << k << ", element " << i;
+            }
+          }
+          EXPECT_EQ(rig.eng.stats().plans_frozen, 1u);
+          EXPECT_GT(rig.eng.stats().planned_tensors, 0u);
+          flexpar::barrier(comm);  // every rank has read its counters before one shuts its engine down
+        },
+        engine_config());
   }
 }

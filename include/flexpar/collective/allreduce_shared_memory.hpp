@@ -7,7 +7,9 @@
 //   step 1 (reuse):   wait until every peer has consumed round g-depth (my round buffer is free)
 //   step 2 (publish): copy the parts that the others reduce into my round buffer; flag published = g+1
 //   step 3 (reduce):  wait for every peer's publish; reduce part r of every peer's round buffer into
-//                     my own data, copy the result into my round buffer; flag reduced = g+1
+//                     my own data (for avg: divide it by p there, while it is in cache, instead of
+//                     a pass of its own over the whole result), copy the result into my round
+//                     buffer; flag reduced = g+1
 //   step 4 (gather):  wait for every peer's reduce; copy their parts into my data; flag consumed = g+1
 // Small buffers (<= shm_one_shot_bytes) take one round with one hand-off instead of three: every rank
 // publishes its whole buffer, waits for the others' and reduces all of it itself, in rank order (so
@@ -341,8 +343,15 @@ void one_shot_round(const communicator& comm, collective_context& ctx, const shm
   check_shm_call(comm, ctx, shm, g, call, "allreduce(shared_memory)");
   data.for_each(0, data.size(), [&](const T*, T* out, std::size_t n, std::size_t at) {
     const std::span<T> result(out, n);
+    if constexpr (average_folds<T>) {
+      if (p == 2 && op == reduce_op::avg) {  // the sum and the division in one pass
+        average_into_forward(result, slot(0, at, n), slot(1, at, n), p);
+        return;
+      }
+    }
     reduce_into(result, slot(0, at, n), slot(1, at, n), op);
     for (int q = 2; q < p; ++q) reduce_into(result, slot(q, at, n), op);
+    if (op == reduce_op::avg) scale_for_average(result, p);
   });
   shm.reduced(me).publish(g + 1);
   shm.consumed(me).publish(g + 1);
@@ -409,15 +418,25 @@ void allreduce_shared_memory_rounds(communicator& comm, const Buffer& data, redu
     data.for_each(base + my_lo, my_len, [&](const T* in, T* out, std::size_t n, std::size_t at) {
       const std::span<T> result(out, n);
       bool first = true;  // the input, then every peer's part in rank order (as in place)
+      bool averaged = false;
       for (int q = 0; q < p; ++q) {
         if (q == me) continue;
         const std::span<const T> theirs(slot(q) + my_lo + at, n);
+        const bool last = q == p - 1 || (q == p - 2 && me == p - 1);
+        if constexpr (average_folds<T>) {
+          if (last && op == reduce_op::avg) {  // the sum's last term and the division in one pass
+            average_into_forward(result, first ? std::span<const T>(in, n) : std::span<const T>(result), theirs, p);
+            averaged = true;
+            continue;
+          }
+        }
         if (first)
           reduce_into_forward(result, std::span<const T>(in, n), theirs, op);
         else
           reduce_into(result, theirs, op);
         first = false;
       }
+      if (op == reduce_op::avg && !averaged) scale_for_average(result, p);
       std::memcpy(slot(me) + my_lo + at, out, n * sizeof(T));
     });
     shm.reduced(me).publish(g + 1);
@@ -464,8 +483,6 @@ void allreduce_shared_memory_pieces(communicator& comm, std::span<const allreduc
     return;
   }
   detail::allreduce_shared_memory_rounds<T>(comm, detail::piecewise_buffer<T>(pieces), op);
-  if (op == reduce_op::avg)
-    for (const allreduce_piece<T>& x : pieces) scale_for_average(std::span<T>(x.out, x.count), comm.size());
 }
 
 }  // namespace flexpar

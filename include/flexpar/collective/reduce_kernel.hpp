@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include <flexpar/core/cpu_features.hpp>
 #include <flexpar/core/dtype.hpp>
@@ -75,6 +76,19 @@ struct op_max {
   constexpr A operator()(A a, A b) const noexcept {
     return a < b ? b : a;
   }
+};
+
+/// The last reduction of an average, in one pass: (a + b) times the reciprocal of the rank count (a
+/// power of two: exact) or divided by it.
+template <class A>
+struct op_sum_times {
+  A factor;
+  constexpr A operator()(A a, A b) const noexcept { return static_cast<A>(static_cast<A>(a + b) * factor); }
+};
+template <class A>
+struct op_sum_over {
+  A divisor;
+  constexpr A operator()(A a, A b) const noexcept { return static_cast<A>(static_cast<A>(a + b) / divisor); }
 };
 
 /// Calls `f(op_functor)` for a run-time reduce_op (avg combines as sum).
@@ -324,12 +338,43 @@ decltype(auto) with_reduce_kernel(reduce_op op, Body&& body) {
   return detail::visit_op(op, [&](auto f) { return body(forward_reduce_kernel<T, decltype(f)>{f}); });
 }
 
+/// Whether the last reduction of an average folds the division in (average_into): for f32 and f64,
+/// reduced in their own precision, one pass gives the bits of the sum and the division done apart.
+template <element T>
+inline constexpr bool average_folds = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+/// The last reduction of reduce_op::avg over `ranks` ranks: dst[i] = (a[i] + b[i]) / ranks, the bits
+/// of reduce_into_forward(sum) followed by scale_for_average, in one pass over the elements.
+/// `dst` at or before `a`, or apart from it (reduce_into_forward's contract).
+/// @pre average_folds<T>; the three spans have one length.
+template <element T>
+requires average_folds<T>
+void average_into_forward(std::span<T> dst, std::span<const T> a, std::span<const T> b, int ranks) {
+  detail::check_same_length("average_into_forward", dst.size(), a.size());
+  detail::check_same_length("average_into_forward", dst.size(), b.size());
+  if ((ranks & (ranks - 1)) == 0)
+    detail::reduce_elements_forward(dst.data(), a.data(), b.data(), dst.size(),
+                                    detail::op_sum_times<T>{T(1) / static_cast<T>(ranks)});
+  else
+    detail::reduce_elements_forward(dst.data(), a.data(), b.data(), dst.size(),
+                                    detail::op_sum_over<T>{static_cast<T>(ranks)});
+}
+
 /// data[i] = data[i] / ranks, computed in accumulate_t<T> (integer division for integer types):
-/// what turns the sum of reduce_op::avg into the average.
+/// what turns the sum of reduce_op::avg into the average. For a floating-point type and a power of
+/// two, as a multiplication by 1 / ranks (exact: the same bits as the division, at a fraction of
+/// its cost).
 template <element T>
 void scale_for_average(std::span<T> data, int ranks) {
   if (ranks <= 1) return;
   using A = accumulate_t<T>;
+  if constexpr (std::is_floating_point_v<A>) {
+    if ((ranks & (ranks - 1)) == 0) {
+      const A reciprocal = A(1) / static_cast<A>(ranks);
+      for (T& v : data) v = detail::narrow<T>(static_cast<A>(detail::widen(v) * reciprocal));
+      return;
+    }
+  }
   const A divisor = static_cast<A>(ranks);
   for (T& v : data) v = detail::narrow<T>(static_cast<A>(detail::widen(v) / divisor));
 }
