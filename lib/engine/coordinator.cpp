@@ -111,7 +111,7 @@ coordinator::coordinator(int ranks, const response_cache& cache, stall_inspector
       shutdown_ranks_(static_cast<std::size_t>(ranks), false),
       recorder_(std::move(recorder)) {}
 
-response_list coordinator::coordinate(std::span<const report> reports, clock::time_point now) {
+response_list coordinator::coordinate(std::span<const report> reports, clock::time_point now, bool all_reported) {
   // Step 2: merge the reports into the table.
   bool all_shutdown = true;
   const std::vector<std::uint32_t> ready = ready_by_slot(reports, now);
@@ -153,11 +153,18 @@ response_list coordinator::coordinate(std::span<const report> reports, clock::ti
   for (stall_notice& s : stalled.timeouts)
     out.responses.push_back(error_response(tensor_key(s.name, s.step), error_kind::timeout, std::move(s.text)));
   if (all_joined) std::fill(joined_ranks_.begin(), joined_ranks_.end(), false);
-  if (recorder_) record(out, reports);
+  // Nothing pending anywhere: every tensor a rank reported has been answered, and no rank is joined
+  // or leaving. The ranks go quiet after these responses; a plan proposed now is frozen at the same
+  // point of every rank's submissions.
+  out.quiet = std::all_of(table_.begin(), table_.end(), [](const auto& row) { return skips_only(row.second); }) &&
+              !out.all_shutdown && std::none_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; }) &&
+              std::none_of(shutdown_ranks_.begin(), shutdown_ranks_.end(), [](bool d) { return d; }) &&
+              std::none_of(reports.begin(), reports.end(), [](const report& r) { return r.joined; });
+  if (recorder_ && all_reported) record(out);
   return out;
 }
 
-void coordinator::record(response_list& out, std::span<const report> reports) {
+void coordinator::record(response_list& out) {
   std::vector<fusion_item> items;
   std::vector<std::optional<std::uint32_t>> slots;
   std::vector<std::uint32_t> steps;
@@ -180,14 +187,7 @@ void coordinator::record(response_list& out, std::span<const report> reports) {
     items.push_back(x);
     slots.emplace_back(r.slot);
   }
-  // Nothing pending anywhere: every tensor a rank reported has been answered, and no rank is joined
-  // or leaving; the ranks then switch to the plan at the same point of their submissions.
-  const bool quiet =
-      std::all_of(table_.begin(), table_.end(), [](const auto& row) { return skips_only(row.second); }) &&
-      !out.all_shutdown && std::none_of(joined_ranks_.begin(), joined_ranks_.end(), [](bool j) { return j; }) &&
-      std::none_of(shutdown_ranks_.begin(), shutdown_ranks_.end(), [](bool d) { return d; }) &&
-      std::none_of(reports.begin(), reports.end(), [](const report& r) { return r.joined; });
-  if (auto plan = recorder_->observe(items, slots, steps, quiet)) {
+  if (auto plan = recorder_->observe(items, slots, steps, out.quiet)) {
     if (addresses_)
       for (std::vector<std::uint32_t>& bucket : *plan)
         std::stable_sort(bucket.begin(), bucket.end(), [&](std::uint32_t a, std::uint32_t b) {

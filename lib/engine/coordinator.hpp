@@ -40,8 +40,11 @@ class coordinator {
   /// cycle (in rank 0's order; no table row: the steady state costs a count per slot), then the
   /// stalled ones that timed out. A tensor that some ranks submitted and the others ended their step
   /// without (report::skipped) is a mismatch naming both; one that every rank skipped is dropped.
-  /// The list carries a plan to freeze when the recorder proposes one while nothing is pending.
-  response_list coordinate(std::span<const report> reports, clock::time_point now);
+  /// The list says whether nothing is pending anywhere once it ran (response_list::quiet), and
+  /// carries a plan to freeze when the recorder proposes one then.
+  /// `all_reported` false: some ranks were quiet and sent no report (theirs are empty); the recorder
+  /// then neither watches nor proposes (a plan must reach every rank).
+  response_list coordinate(std::span<const report> reports, clock::time_point now, bool all_reported = true);
 
  private:
   /// The cache slots every rank reported this cycle, in rank 0's order, for names without a row;
@@ -51,7 +54,7 @@ class coordinator {
   table_row& row(const tensor_key& key, clock::time_point now);
   std::optional<response> decide(const tensor_key& key, const table_row& t) const;
   /// The recorder's turn: `out` as it is sent, its responses by slot resolved in the cache.
-  void record(response_list& out, std::span<const report> reports);
+  void record(response_list& out);
 
   int ranks_;
   const response_cache& cache_;

@@ -10,6 +10,7 @@
 #include <flexpar/timeline.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
@@ -51,33 +52,58 @@ namespace {
 
 constexpr std::size_t first_part = 4096;
 
-void send_message(transport& t, int peer, tag_t tag, std::vector<std::byte>& payload, deadline until) {
+/// A message's sends (its first part, and the rest of a long one), started: `head` and the payload
+/// must outlive them (moving an outgoing keeps `head`'s bytes where they are).
+struct outgoing {
+  std::vector<std::byte> head;
+  request first, rest;
+};
+
+outgoing start_message(transport& t, int peer, tag_t tag, std::vector<std::byte>& payload) {
   const std::uint64_t length = payload.size();
-  std::vector<std::byte> head(sizeof length + std::min(payload.size(), first_part - sizeof length));
-  std::memcpy(head.data(), &length, sizeof length);
-  std::memcpy(head.data() + sizeof length, payload.data(), head.size() - sizeof length);
-  request a = t.isend(peer, tag, head);
-  request b;
+  outgoing out;
+  out.head.resize(sizeof length + std::min(payload.size(), first_part - sizeof length));
+  std::memcpy(out.head.data(), &length, sizeof length);
+  std::memcpy(out.head.data() + sizeof length, payload.data(), out.head.size() - sizeof length);
+  out.first = t.isend(peer, tag, out.head);
   if (payload.size() > first_part - sizeof length)
-    b = t.isend(peer, tag, std::span<const std::byte>(payload).subspan(first_part - sizeof length));
-  a.wait(until);
-  b.wait(until);
+    out.rest = t.isend(peer, tag, std::span<const std::byte>(payload).subspan(first_part - sizeof length));
+  return out;
 }
 
-std::vector<std::byte> recv_message(transport& t, int peer, tag_t tag, deadline until) {
-  std::vector<std::byte> head(first_part);
-  const std::size_t got = t.recv(peer, tag, head, until);
+void send_message(transport& t, int peer, tag_t tag, std::vector<std::byte>& payload, deadline until) {
+  outgoing out = start_message(t, peer, tag, payload);
+  out.first.wait(until);
+  out.rest.wait(until);
+}
+
+/// A message's first part, being received.
+struct incoming {
+  std::vector<std::byte> head = std::vector<std::byte>(first_part);
+  request first;
+};
+
+incoming expect_message(transport& t, int peer, tag_t tag) {
+  incoming in;
+  in.first = t.irecv(peer, tag, in.head);
+  return in;
+}
+
+/// The whole message whose first part `in` receives (the rest, if any, before `until`).
+std::vector<std::byte> finish_message(transport& t, int peer, tag_t tag, incoming& in, deadline until) {
+  in.first.wait(until);
+  const std::size_t got = in.first.bytes();
   std::uint64_t length = 0;
   if (got < sizeof length) throw error_on<error>(t.rank(), "engine protocol error", "a message of ", got, " bytes");
-  std::memcpy(&length, head.data(), sizeof length);
+  std::memcpy(&length, in.head.data(), sizeof length);
   std::vector<std::byte> payload(length);
   const std::size_t inline_part = std::min<std::size_t>(length, first_part - sizeof length);
-  std::memcpy(payload.data(), head.data() + sizeof length, inline_part);
+  std::memcpy(payload.data(), in.head.data() + sizeof length, inline_part);
   if (length > inline_part) t.recv(peer, tag, std::span(payload).subspan(inline_part), until);
   return payload;
 }
 
-constexpr tag_t tag_report = 1, tag_response = 2, tag_timeline = 3;
+constexpr tag_t tag_report = 1, tag_response = 2, tag_timeline = 3, tag_wake_vote = 4, tag_wake_verdict = 5;
 
 }  // namespace
 
@@ -219,6 +245,7 @@ class engine_core final : private fused_executor::owner {
           plan_news_ = true;
           wake = sleeping_;
         }
+        if (quiet_sleep_) wake = true;  // the step's first submission ends quiet (plan_slots::begun)
       } else {
         if (dropped_) dropped_->mark(*entry);
         capture(*entry);
@@ -262,12 +289,12 @@ class engine_core final : private fused_executor::owner {
       for (const std::uint32_t k : missing) skipped_.push_back({marks->plan().tensor(k).slot, step});
       if (!plan_) {
         dropped_.reset();
-        return;
+        wake = sleeping_ && !missing.empty();  // a quiet thread reports the skip now
+      } else if (!missing.empty()) {
+        leave_plan_ = true;
+        plan_news_ = true;
+        wake = sleeping_;
       }
-      if (missing.empty()) return;
-      leave_plan_ = true;
-      plan_news_ = true;
-      wake = sleeping_;
     }
     if (wake) wake_.notify_all();
   }
@@ -306,6 +333,17 @@ class engine_core final : private fused_executor::owner {
           std::unique_lock lock(mutex_);
           sleeping_ = true;
           planned = plan_.has_value();
+          if (quiet_) {
+            // Quiet (below): no cycle, no round, no timer until something happens here.
+            quiet_sleep_ = true;
+            wait_quietly(lock, [&] {
+              return (planned ? plan_news_ || plan_->begun() || join_requested_
+                              : !skipped_.empty() || (join_requested_ && !joined_)) ||
+                     !fresh_.empty() || shutdown_requested_;
+            });
+            quiet_sleep_ = false;
+            next = clock::now() + cfg_.cycle_time;
+          }
           if (planned) {
             // The steady state: a round as soon as something changed here, at once again while a
             // bucket complete here waits for the other ranks, and at least once per cycle.
@@ -347,6 +385,70 @@ class engine_core final : private fused_executor::owner {
         timeline_->gather_and_write(comm_.transport(), tag_timeline, 0, cfg_.timeline_path, comm_.default_deadline());
     } catch (...) {
       fail_everything(std::current_exception());
+    }
+  }
+
+  /// Sleeps (under `lock`) until `ready()`, with no timer; while device responses are in flight, wakes
+  /// every poll interval to complete them.
+  template <class Ready>
+  void wait_quietly(std::unique_lock<std::mutex>& lock, Ready ready) {
+    while (!ready()) {
+      if (!executor_.device_in_flight()) {
+        wake_.wait(lock, [&] { return ready() || executor_.device_in_flight(); });
+      } else if (!wake_.wait_for(lock, fused_executor::device_poll, ready)) {
+        lock.unlock();
+        executor_.poll_device();
+        lock.lock();
+      }
+    }
+  }
+
+  // ---- quiet -------------------------------------------------------------------------------------
+  // A cycle (or a round) after which nothing is outstanding on any rank (every tensor reported was
+  // answered, no rank joined or shutting down) says so, and every rank's thread then sleeps until
+  // something happens here: a submission, a skip, a join, a shutdown. A quiet engine makes no call
+  // into MPI or UCX: between steps it costs no core, and at MPI_Finalize it is not inside MPI (the
+  // MPI standard requires every other thread to be out of MPI then; MPICH stops locking as
+  // MPI_Finalize begins, before it calls flexpar's hook).
+  // Negotiating, rank 0 keeps a receive posted for each quiet rank's next report and counts the
+  // rank as reporting nothing until it comes: its cycles, stall warnings and timeouts go on as if
+  // the quiet ranks sent empty reports. A rank back from quiet sends its report and waits for rank
+  // 0's answer with no deadline (rank 0 may be quiet itself: it answers once it has something).
+  // Under a plan, the first round after quiet gathers the votes on rank 0 the same way. Such a wait
+  // fails at once on a dead peer (the heartbeats), logs every stall_warning, and after
+  // stall_shutdown ends the engine with a timeout_error naming whom it waited for.
+
+  /// Waits, with no deadline of its own, for `requests` (each with the peer in `peers`) after quiet.
+  /// @throws timeout_error after config::stall_shutdown; peer_failure from the transport.
+  void await_after_quiet(std::span<request* const> requests, std::span<const int> peers, std::string_view what) {
+    const clock::time_point begin = clock::now();
+    clock::time_point warn_at = begin + cfg_.stall_warning;
+    const clock::time_point give_up =
+        cfg_.stall_shutdown.count() > 0 ? begin + cfg_.stall_shutdown : clock::time_point::max();
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      for (;;) {
+        try {
+          requests[i]->wait(std::min(warn_at, give_up));
+          break;
+        } catch (const timeout_error&) {
+        }
+        std::vector<int> missing;
+        for (std::size_t k = i; k < requests.size(); ++k)
+          if (!requests[k]->test() && std::find(missing.begin(), missing.end(), peers[k]) == missing.end())
+            missing.push_back(peers[k]);
+        std::sort(missing.begin(), missing.end());
+        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(clock::now() - begin);
+        const std::string text =
+            comm_.rank() == 0
+                ? error_text(no_rank, "engine", what, " has waited ", seconds_text(waited), " for ", rank_set(missing),
+                             ": quiet since every tensor ran, nothing submitted there since")
+                : error_text(no_rank, "engine", what, " has waited ", seconds_text(waited),
+                             " for rank 0's answer, which comes once every rank has submitted (all were quiet)");
+        if (clock::now() >= give_up)
+          throw error_on<timeout_error>(comm_.rank(), "", text, " (FLEXPAR_STALL_SHUTDOWN_S)");
+        log_(text);
+        warn_at += cfg_.stall_warning;
+      }
     }
   }
 
@@ -407,7 +509,10 @@ class engine_core final : private fused_executor::owner {
       vote = encode_round(plan_->round(leave), plan->digest());
       plan_news_ = false;
     }
-    run_allreduce(comm_, dtype::u8, reinterpret_cast<std::byte*>(vote.data()), vote.size(), reduce_op::max);
+    if (std::exchange(quiet_, false))
+      vote_after_quiet(vote);
+    else
+      run_allreduce(comm_, dtype::u8, reinterpret_cast<std::byte*>(vote.data()), vote.size(), reduce_op::max);
     const plan_verdict verdict = decode_round(vote, plan->buckets(), plan->digest());
     if (timeline_ && cfg_.timeline_mark_cycles) timeline_->mark("cycles", "PLAN ROUND", begin);
     {
@@ -436,6 +541,10 @@ class engine_core final : private fused_executor::owner {
       stats_.plan_buckets = 0;
       return false;
     }
+    // Quiet once the buckets complete everywhere ran: none begun anywhere is left waiting.
+    quiet_ = true;
+    for (std::uint32_t b = 0; b < plan->buckets(); ++b)
+      if (verdict.started_somewhere[b] && !verdict.complete_everywhere[b]) quiet_ = false;
     const clock::time_point agreed = clock::now();
     std::size_t ran = 0;
     for (std::uint32_t b = 0; b < plan->buckets(); ++b) {
@@ -472,6 +581,40 @@ class engine_core final : private fused_executor::owner {
       leave_plan_ = plan_news_ = true;
     }
     return true;
+  }
+
+  /// The round's max-allreduce after quiet: the votes gathered on rank 0 (waiting for every rank with
+  /// no deadline, await_after_quiet), their maximum sent back.
+  void vote_after_quiet(std::vector<std::uint8_t>& vote) {
+    transport& t = comm_.transport();
+    const auto bytes = [](std::vector<std::uint8_t>& v) { return std::as_writable_bytes(std::span(v)); };
+    if (comm_.rank() == 0) {
+      std::vector<std::vector<std::uint8_t>> votes(static_cast<std::size_t>(comm_.size()) - 1,
+                                                   std::vector<std::uint8_t>(vote.size()));
+      std::vector<request> in;
+      std::vector<request*> waits;
+      std::vector<int> peers;
+      for (int r = 1; r < comm_.size(); ++r) {
+        in.push_back(t.irecv_exact(r, tag_wake_vote, bytes(votes[static_cast<std::size_t>(r - 1)])));
+        peers.push_back(r);
+      }
+      for (request& r : in) waits.push_back(&r);
+      await_after_quiet(waits, peers, "this rank, back from quiet,");
+      for (const std::vector<std::uint8_t>& v : votes)
+        for (std::size_t i = 0; i < vote.size(); ++i) vote[i] = std::max(vote[i], v[i]);
+      std::vector<request> out;
+      for (int r = 1; r < comm_.size(); ++r)
+        out.push_back(t.isend(r, tag_wake_verdict, std::as_bytes(std::span(vote))));
+      wait_all(out, comm_.default_deadline());
+    } else {
+      std::vector<std::uint8_t> verdict(vote.size());
+      request answer = t.irecv_exact(0, tag_wake_verdict, bytes(verdict));
+      request sent = t.isend(0, tag_wake_vote, std::as_bytes(std::span(vote)));
+      const std::array<request*, 2> waits{&sent, &answer};
+      const std::array<int, 2> peers{0, 0};
+      await_after_quiet(waits, peers, "this rank, back from quiet,");
+      vote.swap(verdict);
+    }
   }
 
   /// After a cycle whose responses ran: the ranks freeze the plan rank 0 proposed in it. Nothing is
@@ -554,19 +697,53 @@ class engine_core final : private fused_executor::owner {
     }
 
     // Steps 2–4 on the coordinator; the others send their report and receive the responses.
+    // Rank 0 takes the report of a quiet rank when it has come, and counts it as empty until then
+    // ("quiet" above); a rank back from quiet waits for rank 0's answer with no deadline.
     std::vector<std::byte> responses;
-    const deadline until = comm_.default_deadline();
+    transport& t = comm_.transport();
     if (comm_.rank() == 0) {
-      std::vector<report> reports(static_cast<std::size_t>(comm_.size()));
+      quiet_ = false;
+      const auto n = static_cast<std::size_t>(comm_.size());
+      std::vector<report> reports(n);
       reports[0] = std::move(mine);
-      for (int r = 1; r < comm_.size(); ++r)
-        reports[static_cast<std::size_t>(r)] = decode_report(recv_message(comm_.transport(), r, tag_report, until));
-      responses = encode(coordinator_->coordinate(reports, clock::now()));
-      for (int r = 1; r < comm_.size(); ++r) send_message(comm_.transport(), r, tag_response, responses, until);
+      std::vector<incoming> in(n);
+      std::vector<bool> took_part(n, true);
+      absent_.resize(n);
+      for (std::size_t r = 1; r < n; ++r) {
+        if (!absent_[r]) {
+          in[r] = expect_message(t, static_cast<int>(r), tag_report);
+        } else if (absent_[r]->first.test()) {
+          in[r] = std::move(*absent_[r]);
+          absent_[r].reset();
+        } else {
+          took_part[r] = false;
+        }
+      }
+      const deadline until = comm_.default_deadline();
+      for (std::size_t r = 1; r < n; ++r)
+        if (took_part[r]) reports[r] = decode_report(finish_message(t, static_cast<int>(r), tag_report, in[r], until));
+      const bool everyone = std::all_of(took_part.begin(), took_part.end(), [](bool b) { return b; });
+      response_list list = coordinator_->coordinate(reports, clock::now(), everyone);
+      responses = encode(list);
+      for (std::size_t r = 1; r < n; ++r)
+        if (took_part[r]) send_message(t, static_cast<int>(r), tag_response, responses, until);
+      // A plan's rounds do not use reports: while it holds, no rank is absent.
+      if (list.quiet && list.plan.empty())
+        for (std::size_t r = 1; r < n; ++r)
+          if (took_part[r]) absent_[r] = expect_message(t, static_cast<int>(r), tag_report);
     } else {
       std::vector<std::byte> bytes = encode(mine);
-      send_message(comm_.transport(), 0, tag_report, bytes, until);
-      responses = recv_message(comm_.transport(), 0, tag_response, until);
+      incoming answer = expect_message(t, 0, tag_response);
+      outgoing sent = start_message(t, 0, tag_report, bytes);
+      if (std::exchange(quiet_, false)) {
+        const std::array<request*, 3> requests{&sent.first, &sent.rest, &answer.first};
+        const std::array<int, 3> peers{0, 0, 0};
+        await_after_quiet(requests, peers, "this rank, back from quiet,");
+      }
+      const deadline until = comm_.default_deadline();
+      sent.first.wait(until);
+      sent.rest.wait(until);
+      responses = finish_message(t, 0, tag_response, answer, until);
     }
     const clock::time_point responded = clock::now();
     if (timeline_ && cfg_.timeline_mark_cycles) timeline_->mark("cycles", "CYCLE", cycle_begin);
@@ -577,6 +754,7 @@ class engine_core final : private fused_executor::owner {
     for (const auto& r : list.responses)
       if (r.type == response_type::run_full) cache_.remember(r);
     if (!list.plan.empty()) install_plan(list.plan);
+    quiet_ = list.quiet;  // rank 0 set it from the same list
     if (list.all_joined) {
       joined_ = false;
       {
@@ -683,7 +861,8 @@ class engine_core final : private fused_executor::owner {
   std::condition_variable wake_, join_cv_;
   std::deque<std::shared_ptr<engine_entry>> fresh_;
   bool shutdown_requested_ = false;
-  bool sleeping_ = false;  // the background thread waits for work (a submission must wake it)
+  bool sleeping_ = false;     // the background thread waits for work (a submission must wake it)
+  bool quiet_sleep_ = false;  // it sleeps quiet ("quiet" below): under a plan, any submission wakes it
   bool join_requested_ = false;
   bool join_done_ = false;
   int last_joined_ = -1;
@@ -703,6 +882,8 @@ class engine_core final : private fused_executor::owner {
   std::unordered_map<std::string, std::shared_ptr<engine_entry>> pending_;
   response_cache cache_{cfg_.cache_capacity};
   bool joined_ = false;
+  bool quiet_ = false;  // the last cycle or round left nothing outstanding anywhere ("quiet" above)
+  std::vector<std::optional<incoming>> absent_;   // rank 0: the report of each quiet rank, expected
   std::vector<clock::time_point> waiting_since_;  // per bucket of the plan: begun somewhere, not yet run
   std::vector<const void*> addresses_;            // rank 0: where its tensor of each cache slot last lay
   fused_executor executor_{comm_, cfg_.fusion_threshold, device_, timeline_ ? &*timeline_ : nullptr, *this};

@@ -10,7 +10,7 @@
 namespace flexpar::detail {
 namespace {
 
-constexpr std::uint8_t flag_joined = 1, flag_shutdown = 2;
+constexpr std::uint8_t flag_joined = 1, flag_shutdown = 2, flag_quiet = 4;
 
 std::uint8_t flags_of(bool joined, bool shutdown) {
   return static_cast<std::uint8_t>((joined ? flag_joined : 0) | (shutdown ? flag_shutdown : 0));
@@ -90,7 +90,7 @@ report decode_report(std::span<const std::byte> bytes) {
 
 std::vector<std::byte> encode(const response_list& list) {
   wire_writer out;
-  out.put(flags_of(list.all_joined, list.all_shutdown));
+  out.put(static_cast<std::uint8_t>(flags_of(list.all_joined, list.all_shutdown) | (list.quiet ? flag_quiet : 0)));
   out.put(list.last_joined);
   out.put(static_cast<std::uint32_t>(list.responses.size()));
   for (const response& r : list.responses) {
@@ -122,6 +122,7 @@ response_list decode_response_list(std::span<const std::byte> bytes, const respo
   const auto flags = in.get<std::uint8_t>();
   list.all_joined = (flags & flag_joined) != 0;
   list.all_shutdown = (flags & flag_shutdown) != 0;
+  list.quiet = (flags & flag_quiet) != 0;
   list.last_joined = in.get<std::int32_t>();
   list.responses.resize(in.get<std::uint32_t>());
   for (auto& r : list.responses) {

@@ -78,6 +78,9 @@ struct response {
 struct response_list {
   bool all_joined = false;
   bool all_shutdown = false;
+  /// Once these responses ran, nothing is outstanding on any rank (every tensor reported has been
+  /// answered; no rank joined or shutting down): the ranks go quiet (engine.cpp, "Quiet").
+  bool quiet = false;
   std::int32_t last_joined = -1;  // the last rank to join, when all_joined
   std::vector<response> responses;
   /// A plan to freeze after these responses ran (lib/engine/step_plan.hpp): its buckets, by cache

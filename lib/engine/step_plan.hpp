@@ -14,6 +14,8 @@
 //    round with how to read the reduced one.
 #pragma once
 
+#include <algorithm>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -125,6 +127,11 @@ class plan_slots {
   std::vector<std::shared_ptr<engine_entry>> take_all();
   /// Whether some bucket is complete here and not yet run (this rank waits for the others).
   [[nodiscard]] bool waiting() const noexcept { return complete_buckets_ > 0; }
+  /// Whether some bucket has a submission of this step here (a quiet thread wakes for it: the
+  /// rounds, and the patience with a rank that never completes it, go on while one is begun).
+  [[nodiscard]] bool begun() const noexcept {
+    return std::any_of(filled_.begin(), filled_.end(), [](std::uint32_t n) { return n > 0; });
+  }
 
   [[nodiscard]] const step_plan& plan() const noexcept { return *plan_; }
   [[nodiscard]] const std::shared_ptr<const step_plan>& shared() const noexcept { return plan_; }

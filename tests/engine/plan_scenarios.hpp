@@ -13,6 +13,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <flexpar/collective.hpp>
@@ -249,6 +250,57 @@ inline void a_withheld_tensor_times_out_after_the_patience(communicator& comm, c
   // Rank 1 comes back once the others have their timeout (its next t3 would otherwise pair with theirs).
   barrier(comm);
   m.step(eng, step + 1);
+}
+
+/// Quiet (lib/engine/engine.cpp): once nothing is outstanding, no rank's engine runs a cycle or a
+/// round (it makes no call into the transport), negotiating or under a plan; a rank that comes back
+/// long after the others, later than config::timeout, still meets them (the wait after quiet has no
+/// deadline but stall_shutdown): rank 0 late (the others wait for its answer) and the last rank late
+/// (rank 0 counts it as reporting nothing until it comes). `cfg.timeout` must be short (the test
+/// sleeps past it).
+inline void quiet_engines_sleep_and_wait_past_the_timeout(communicator& comm, const config& cfg) {
+  std::vector<float> v(37);
+  stepped_tensors m(plan_counts());
+  engine eng(comm, cfg);  // after the buffers: on an error, its shutdown still finds them
+  const int p = comm.size();
+  const auto past_timeout = p > 1 ? cfg.timeout * 2 : cfg.timeout * 0;  // one rank has nobody to wait for
+  const deadline patient = deadline_after(std::chrono::seconds(60));    // handle::wait's own is cfg.timeout
+  const auto idle = [&](std::string_view where) {
+    // Every rank's last list (or round) said quiet; give the threads time to reach their sleep.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const engine::statistics before = eng.stats();
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    const engine::statistics after = eng.stats();
+    EXPECT_EQ(after.cycles, before.cycles) << where << ": cycles ran while nothing was outstanding";
+    EXPECT_EQ(after.plan_rounds, before.plan_rounds) << where << ": rounds ran while nothing was outstanding";
+  };
+  for (int late : {0, p - 1}) {
+    std::fill(v.begin(), v.end(), static_cast<float>(comm.rank() + 1));
+    eng.allreduce_async("before", std::span(v), reduce_op::sum).wait();
+    ASSERT_EQ(v[0], static_cast<float>(p * (p + 1) / 2));
+    idle("negotiating");
+    if (comm.rank() == late) std::this_thread::sleep_for(past_timeout);
+    std::fill(v.begin(), v.end(), static_cast<float>(comm.rank() + 1));
+    eng.allreduce_async("late", std::span(v), reduce_op::sum).wait(patient);
+    ASSERT_EQ(v[36], static_cast<float>(p * (p + 1) / 2)) << "late rank " << late;
+  }
+  // Under a plan: quiet between steps, and a late rank's step still meets the others'.
+  m.warm_up(eng);
+  ASSERT_GE(eng.stats().plans_frozen, 1u);
+  const std::size_t dropped = eng.stats().plans_dropped;
+  int step = warm_steps;
+  for (int late : {0, p - 1}) {
+    idle("under a plan");
+    if (comm.rank() == late) std::this_thread::sleep_for(past_timeout);
+    const std::vector<handle> handles = m.submit(eng, step);
+    for (std::size_t t = 0; t < m.size(); ++t) {
+      handles[t].wait(patient);
+      m.expect_summed(handles[t], t, p, step);
+    }
+    ++step;
+  }
+  EXPECT_EQ(eng.stats().plans_dropped, dropped) << "quiet dropped the plan";
+  m.step(eng, step);
 }
 
 }  // namespace flexpar::testing_support

@@ -84,6 +84,14 @@ TEST_P(engine_inproc, a_new_tensor_drops_the_plan_and_it_freezes_again) {
   });
 }
 
+TEST_P(engine_inproc, quiet_engines_sleep_and_wait_past_the_timeout) {
+  config cfg = test_config();
+  cfg.timeout = std::chrono::milliseconds(400);  // the communicator's deadline, which the engine's waits take
+  run_in_process(
+      GetParam(),
+      [&](communicator& comm) { testing_support::quiet_engines_sleep_and_wait_past_the_timeout(comm, cfg); }, cfg);
+}
+
 INSTANTIATE_TEST_SUITE_P(world, engine_inproc, ::testing::Values(1, 2, 3, 4, 5),
                          [](const auto& info) { return std::string("p").append(std::to_string(info.param)); });
 
@@ -203,6 +211,47 @@ TEST(engine_plan, without_step_plan_every_step_is_negotiated) {
     EXPECT_EQ(eng.stats().plans_frozen, 0u);
     EXPECT_EQ(eng.stats().planned_tensors, 0u);
   });
+}
+
+// Quiet (lib/engine/engine.cpp): rank 1 comes back with a tensor while rank 0 stays quiet; its wait
+// for rank 0's answer has no deadline of its own, but warns every stall_warning and ends the engine
+// at stall_shutdown with a timeout_error, never hanging.
+TEST(engine_inproc_errors, a_rank_back_from_quiet_warns_then_gives_up_at_stall_shutdown) {
+  std::mutex log_mutex;
+  std::vector<std::string> lines;
+  config cfg = test_config();
+  cfg.timeout = std::chrono::seconds(1);  // rank 0's shutdown waits this long for rank 1's ended engine
+  cfg.stall_warning = std::chrono::milliseconds(150);
+  cfg.stall_shutdown = std::chrono::milliseconds(500);
+  run_in_process(
+      2,
+      [&](communicator& comm) {
+        engine eng(comm, cfg, [&](std::string_view line) {
+          std::lock_guard lock(log_mutex);
+          lines.emplace_back(line);
+        });
+        std::vector<float> v(8, 1.0f);
+        eng.allreduce_async("first", std::span(v), reduce_op::sum).wait();  // then every rank is quiet
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (comm.rank() == 1) {
+          const auto start = clock::now();
+          try {
+            eng.allreduce_async("second", std::span(v), reduce_op::sum).wait();
+            ADD_FAILURE() << "a tensor rank 0 never submitted completed";
+          } catch (const timeout_error& e) {
+            EXPECT_GE(clock::now() - start, std::chrono::milliseconds(450));
+            EXPECT_NE(std::string(e.what()).find("for rank 0's answer"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("FLEXPAR_STALL_SHUTDOWN_S"), std::string::npos) << e.what();
+          }
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(800));
+        }
+      },
+      cfg);
+  std::size_t warned = 0;
+  for (const auto& l : lines)
+    if (l.find("has waited") != std::string::npos && l.find("for rank 0's answer") != std::string::npos) ++warned;
+  EXPECT_GE(warned, 2u) << "fewer than two warnings (every 0.15 s for 0.5 s) among " << lines.size() << " lines";
 }
 
 TEST(engine_inproc_errors, join_has_a_deadline) {

@@ -85,5 +85,11 @@ TEST_F(mpi_engine, a_withheld_tensor_under_a_plan_times_out_naming_the_rank) {
   testing_support::a_withheld_tensor_times_out_after_the_patience(comm, cfg);
 }
 
+TEST_F(mpi_engine, quiet_engines_sleep_and_wait_past_the_timeout) {
+  cfg.timeout = std::chrono::milliseconds(700);  // the communicator's deadline, which the engine's waits take
+  communicator short_deadline = communicator::from_mpi(MPI_COMM_WORLD, cfg, thread_need::multiple);
+  testing_support::quiet_engines_sleep_and_wait_past_the_timeout(short_deadline, cfg);
+}
+
 }  // namespace
 }  // namespace flexpar

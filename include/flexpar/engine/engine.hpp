@@ -12,7 +12,7 @@
 //     since the last cycle and sends the coordinator one report: for each new tensor either its
 //     response-cache slot (a number: "I have the tensor you already know as slot k") or its full
 //     description (name, collective, dtype, count, op, root); plus "I have joined" and "I am
-//     shutting down" flags. An empty report is still sent: the ranks stay in step.
+//     shutting down" flags. An empty report is still sent: the ranks stay in step (but see "Quiet").
 //  2. The coordinator adds the reports to its table of tensors (name → which ranks have it and
 //     with which description). A joined rank counts as having every tensor.
 //  3. For each tensor that every rank now has, in the order they became complete, the coordinator
@@ -36,6 +36,17 @@
 //     (slots are given in response order, so every cache agrees without a message).
 // A rank that reaches no coordinator (or a coordinator that misses a rank's report) before
 // `config::timeout` fails every pending handle with the timeout and refuses new work.
+//
+// ## Quiet
+// A response list (or a round, below) after which nothing is outstanding on any rank says so, and
+// every rank's thread then sleeps, with no timer and no call into MPI or UCX, until it has
+// something: a submission, a skipped tensor, a join, a shutdown. An idle engine costs no core, and
+// at MPI_Finalize it is not inside MPI, as the MPI standard requires of every other thread. Rank 0
+// keeps a receive posted for each quiet rank and counts it as sending empty reports until its next
+// report comes (its stall warnings and timeouts go on as above); a rank back from quiet waits for
+// rank 0's answer, and under a plan the first round's votes are gathered on rank 0, with no
+// deadline but `stall_warning` (logged) and `stall_shutdown` (the engine ends with a
+// timeout_error naming whom it waited for); a dead peer fails it at once.
 //
 // ## The steady state (config::step_plan)
 // A training loop submits the same tensors every step. Once a step has repeated, the ranks stop
