@@ -702,7 +702,7 @@ class engine_core final : private fused_executor::owner {
     std::vector<std::byte> responses;
     transport& t = comm_.transport();
     if (comm_.rank() == 0) {
-      quiet_ = false;
+      const bool after_quiet = std::exchange(quiet_, false);
       const auto n = static_cast<std::size_t>(comm_.size());
       std::vector<report> reports(n);
       reports[0] = std::move(mine);
@@ -717,6 +717,21 @@ class engine_core final : private fused_executor::owner {
           absent_[r].reset();
         } else {
           took_part[r] = false;
+        }
+      }
+      // Back from quiet with tensors pending here, give the quiet ranks up to a cycle to come (in a
+      // training step they are submitting the same tensors now): a cycle without them would leave
+      // those tensors for the next one, a cycle later. Only then: a rank still absent after that is
+      // elsewhere, and is taken at the next cycle without a wait here.
+      if (after_quiet && !pending_.empty()) {
+        const clock::time_point wait_until = clock::now() + cfg_.cycle_time;
+        for (std::size_t r = 1; r < n; ++r) {
+          if (took_part[r]) continue;
+          while (!absent_[r]->first.test() && clock::now() < wait_until) std::this_thread::yield();
+          if (absent_[r]->first.pending()) continue;
+          in[r] = std::move(*absent_[r]);
+          absent_[r].reset();
+          took_part[r] = true;
         }
       }
       const deadline until = comm_.default_deadline();
