@@ -47,6 +47,8 @@
 #include <vector>
 
 #include <flexpar/checkpoint/checkpoint.hpp>
+#include <flexpar/collective/automatic.hpp>
+#include <flexpar/collective/automatic.hpp>
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/relax/optimizer.hpp>
@@ -72,6 +74,7 @@ struct settings : fm::training_settings, fm::relaxation_settings {
   std::string checkpoint;  // directory; empty: no checkpoints
   std::size_t every = 0;   // steps between checkpoints; 0: at the end only
   bool resume = false;
+  bool fixed_machine = false;
   int kill_rank = -1;
   std::size_t kill_at_step = 0;
   std::string on_failure = "abort";  // or "shrink": the survivors of a dead rank go on without it
@@ -90,6 +93,9 @@ struct position {
 int train(const settings& opt) {
   auto comm = flexpar::communicator::from_mpi(MPI_COMM_WORLD, flexpar::config::from_environment(),
                                               flexpar::thread_need::multiple);
+  // --fixed-machine: automatic picks on flexpar's default machine instead of one it measures, so that
+  // every run, idle or loaded, reduces in the same order (a resumed run equals an uninterrupted one).
+  if (opt.fixed_machine) flexpar::set_cost_params(comm, flexpar::cost_params{});
   int rank = comm.rank(), size = comm.size();  // change when the survivors of a failure shrink
   if (opt.on_failure == "shrink" && !opt.checkpoint.empty())
     throw flexpar::usage_error(
@@ -384,6 +390,9 @@ int main(int argc, char** argv) {
       ->needs(checkpoint);
   app.add_flag("--resume", opt.resume, "start from the checkpoint in --checkpoint's directory when it holds one")
       ->needs(checkpoint);
+  app.add_flag("--fixed-machine", opt.fixed_machine,
+               "choose algorithms on flexpar's default cost model, not a measured one: the same choices (and "
+               "sums, bit for bit) in every run, whatever the load");
   app.add_option("--kill-rank", opt.kill_rank, "fault injection: this rank SIGKILLs itself at --kill-at-step");
   app.add_option("--kill-at-step", opt.kill_at_step, "fault injection: the step (from 1) of --kill-rank's death");
   app.add_option("--on-failure", opt.on_failure,
