@@ -48,7 +48,6 @@
 
 #include <flexpar/checkpoint/checkpoint.hpp>
 #include <flexpar/collective/automatic.hpp>
-#include <flexpar/collective/automatic.hpp>
 #include <flexpar/comm/communicator.hpp>
 #include <flexpar/core/error.hpp>
 #include <flexpar/relax/optimizer.hpp>
