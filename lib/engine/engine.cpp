@@ -77,14 +77,15 @@ void send_message(transport& t, int peer, tag_t tag, std::vector<std::byte>& pay
   out.rest.wait(until);
 }
 
-/// A message's first part, being received.
+/// A message's first part, being received (empty until expect_message).
 struct incoming {
-  std::vector<std::byte> head = std::vector<std::byte>(first_part);
+  std::vector<std::byte> head;
   request first;
 };
 
 incoming expect_message(transport& t, int peer, tag_t tag) {
   incoming in;
+  in.head.resize(first_part);
   in.first = t.irecv(peer, tag, in.head);
   return in;
 }
@@ -709,30 +710,23 @@ class engine_core final : private fused_executor::owner {
       std::vector<incoming> in(n);
       std::vector<bool> took_part(n, true);
       absent_.resize(n);
+      for (std::size_t r = 1; r < n; ++r)
+        if (!absent_[r]) in[r] = expect_message(t, static_cast<int>(r), tag_report);
+      // A quiet rank takes part once its report has come. Back from quiet with tensors pending here,
+      // give the quiet ranks up to a cycle to come (in a training step they are submitting the same
+      // tensors now): a cycle without them would leave those tensors for the next one, a cycle later.
+      // Only then: a rank still absent after that is elsewhere, and is taken at a later cycle.
+      const clock::time_point wait_until =
+          after_quiet && !pending_.empty() ? clock::now() + cfg_.cycle_time : clock::time_point::min();
       for (std::size_t r = 1; r < n; ++r) {
-        if (!absent_[r]) {
-          in[r] = expect_message(t, static_cast<int>(r), tag_report);
-        } else if (absent_[r]->first.test()) {
-          in[r] = std::move(*absent_[r]);
-          absent_[r].reset();
-        } else {
+        if (!absent_[r]) continue;
+        while (!absent_[r]->first.test() && clock::now() < wait_until) std::this_thread::yield();
+        if (absent_[r]->first.pending()) {
           took_part[r] = false;
+          continue;
         }
-      }
-      // Back from quiet with tensors pending here, give the quiet ranks up to a cycle to come (in a
-      // training step they are submitting the same tensors now): a cycle without them would leave
-      // those tensors for the next one, a cycle later. Only then: a rank still absent after that is
-      // elsewhere, and is taken at the next cycle without a wait here.
-      if (after_quiet && !pending_.empty()) {
-        const clock::time_point wait_until = clock::now() + cfg_.cycle_time;
-        for (std::size_t r = 1; r < n; ++r) {
-          if (took_part[r]) continue;
-          while (!absent_[r]->first.test() && clock::now() < wait_until) std::this_thread::yield();
-          if (absent_[r]->first.pending()) continue;
-          in[r] = std::move(*absent_[r]);
-          absent_[r].reset();
-          took_part[r] = true;
-        }
+        in[r] = std::move(*absent_[r]);
+        absent_[r].reset();
       }
       const deadline until = comm_.default_deadline();
       for (std::size_t r = 1; r < n; ++r)
